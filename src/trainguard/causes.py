@@ -1,0 +1,86 @@
+"""The cause catalogue (DESIGN section 4) as data: ids, titles and fixes in English and Chinese,
+the default retry policy, and the evidence kinds that can prove each cause."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+
+from trainguard._resources import load_toml
+from trainguard.errors import DataError
+
+
+class Retry(str, Enum):
+    YES = "yes"
+    NO = "no"
+    ONCE = "once"
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: dict[str, str]
+    fixes: dict[str, tuple[str, ...]]
+    retry: Retry
+    retry_pause_s: float
+    batch_scale: float
+    evidence_kinds: tuple[str, ...]
+
+    def title_in(self, lang: str) -> str:
+        return self.title.get(lang) or self.title["en"]
+
+    def fixes_in(self, lang: str) -> tuple[str, ...]:
+        return self.fixes.get(lang) or self.fixes["en"]
+
+
+CAUSE_IDS = (
+    "cuda_oom",
+    "host_oom",
+    "shm_exhausted",
+    "cuda_driver_mismatch",
+    "cuda_illegal_access",
+    "gpu_hardware",
+    "nccl_failure",
+    "sighup",
+    "preempted",
+    "disk_full",
+    "too_many_open_files",
+    "segfault",
+    "python_error",
+    "hang",
+    "node_reboot",
+    "unknown",
+)
+UNKNOWN = "unknown"
+
+
+def _parse(raw: dict) -> dict[str, Cause]:
+    if tuple(raw) != CAUSE_IDS:
+        raise DataError(f"causes.toml must list exactly the cause ids of DESIGN section 4, in order; got {list(raw)}")
+    causes = {}
+    for cause_id, row in raw.items():
+        try:
+            causes[cause_id] = Cause(
+                id=cause_id,
+                title=dict(row["title"]),
+                fixes={lang: tuple(items) for lang, items in row["fixes"].items()},
+                retry=Retry(row["retry"]),
+                retry_pause_s=float(row.get("retry_pause_s", 0)),
+                batch_scale=float(row.get("batch_scale", 1.0)),
+                evidence_kinds=tuple(row.get("evidence", ())),
+            )
+        except (KeyError, ValueError) as exc:
+            raise DataError(f"causes.toml: bad entry {cause_id!r}: {exc}") from exc
+        if set(causes[cause_id].title) != {"en", "zh"} or set(causes[cause_id].fixes) != {"en", "zh"}:
+            raise DataError(f"causes.toml: {cause_id!r} needs a title and fixes in en and zh")
+    return causes
+
+
+@cache
+def catalogue() -> dict[str, Cause]:
+    return _parse(load_toml("causes.toml"))
+
+
+def get(cause_id: str) -> Cause:
+    return catalogue()[cause_id]

@@ -1,0 +1,121 @@
+"""``trainguard diagnose``: why did a job die, with the evidence lines and the fix."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from contextlib import ExitStack
+
+import click
+
+from trainguard._i18n import LANGUAGES, choose_language
+from trainguard.diagnosis.evidence import ExitStatus, KernelLine
+from trainguard.errors import InputError, UsageError
+from trainguard.postmortem import LogSource, investigate
+from trainguard.probes import kernel_log
+from trainguard.probes.log_files import open_log
+from trainguard.diagnosis.scan import read_blocks
+
+# A job's death and the kernel's record of it happen within moments of the log's last write; the
+# window is wide enough for a slow OOM kill and narrow enough to leave other days' records out.
+WINDOW_BEFORE_S = 15 * 60
+WINDOW_AFTER_S = 2 * 60
+EXAMPLE_LOG_PATH = Path(__file__).resolve().parents[1] / "data" / "examples" / "ddp_cuda_oom.log"
+
+
+def _parse_exit_code(_ctx: click.Context, _param: click.Parameter, value: str | None) -> ExitStatus | None:
+    if value is None:
+        return None
+    try:
+        return ExitStatus.from_number(int(value.strip()))
+    except ValueError:
+        raise UsageError(
+            f"--exit-code {value!r} is not an exit status: give 0..255, or -N / 128+N for death by signal N",
+            f"--exit-code {value!r} 不是有效的退出状态：应为 0..255，或用 -N / 128+N 表示被信号 N 杀死",
+        ) from None
+
+
+def _kernel_lines(spec: str | None, mtimes: list[float], now: float, warn: list[str]) -> list[KernelLine]:
+    if spec is None:
+        return []
+    if spec != "auto":
+        try:
+            return kernel_log.read_saved(spec, now=now)
+        except OSError as exc:
+            raise InputError(
+                f"cannot read kernel log {spec}: {exc.strerror}", f"无法读取内核日志 {spec}：{exc.strerror}"
+            ) from exc
+    try:
+        lines, _source = kernel_log.read_live(now=now)
+    except kernel_log.KernelLogUnavailable as exc:
+        warn.append(exc.message_en)
+        return []
+    start = (min(mtimes) if mtimes else now) - WINDOW_BEFORE_S
+    end = (max(mtimes) if mtimes else now) + WINDOW_AFTER_S
+    return kernel_log.in_window(lines, start, end)
+
+
+@click.command()
+@click.argument("targets", nargs=-1, metavar="[RUN | FILE... | -]")
+@click.option("--exit-code", "exit_status", callback=_parse_exit_code, metavar="N",
+              help="The job's exit status: 137 or -9 mean killed by SIGKILL, 135/-7 SIGBUS, 139/-11 SIGSEGV.")
+@click.option("--kernel-log", "kernel_spec", metavar="FILE|auto",
+              help="A saved kernel log (dmesg, dmesg -T, journalctl -k), or 'auto' to read this machine's "
+                   "around the time the log was last written.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--example", is_flag=True, help="Diagnose the example log shipped with trainguard (a 4-GPU torchrun job).")
+@click.option("--lang", type=click.Choice(LANGUAGES), help="Language of the output (default: from LANG).")
+def diagnose(targets: tuple[str, ...], exit_status: ExitStatus | None, kernel_spec: str | None,
+             as_json: bool, example: bool, lang: str | None) -> int:
+    """Name why a training job died: the cause, the lines that prove it, and the fix.
+
+    \b
+    Examples:
+      trainguard diagnose train.log
+      trainguard diagnose rank0.log rank1.log --kernel-log auto
+      kubectl logs pod/trainer | trainguard diagnose - --exit-code 137
+    """
+    lang = choose_language(lang, os.environ)
+    if example:
+        if targets:
+            raise UsageError("--example takes no log of its own", "--example 不需要再给出日志")
+        targets = (str(EXAMPLE_LOG_PATH),)
+    if not targets:
+        if sys.stdin.isatty():
+            raise UsageError(
+                "give a log file, '-' for standard input, or a run id (see trainguard diagnose --help)",
+                "请给出日志文件、'-'（标准输入）或运行 id（见 trainguard diagnose --help）",
+            )
+        targets = ("-",)
+    now = time.time()
+    warnings: list[str] = []
+    with ExitStack() as stack:
+        sources = []
+        mtimes = []
+        for target in targets:
+            if target == "-":
+                sources.append(LogSource("<stdin>" if len(targets) > 1 else None, read_blocks(sys.stdin.buffer)))
+                mtimes.append(now)
+                continue
+            if not os.path.lexists(target):
+                raise InputError(f"no such file or run: {target}", f"没有这个文件或运行：{target}")
+            handle = stack.enter_context(open_log(target))
+            mtimes.append(os.fstat(handle.fileno()).st_mtime)
+            sources.append(LogSource(target if len(targets) > 1 else None, read_blocks(handle)))
+        kernel_lines = _kernel_lines(kernel_spec, mtimes, now, warnings)
+        try:
+            report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines)
+        except OSError as exc:
+            raise InputError(f"cannot read the log: {exc.strerror}", f"无法读取日志：{exc.strerror}") from exc
+    for warning in warnings:
+        click.echo(f"trainguard: warning: {warning}", err=True)
+
+    from trainguard.cli import render
+
+    if as_json:
+        click.echo(render.diagnosis_json(report.diagnosis, lang))
+    else:
+        render.print_diagnosis(report, lang)
+    return 0

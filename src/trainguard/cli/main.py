@@ -1,0 +1,67 @@
+"""The ``trainguard`` command. Errors a person can cause end as one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from trainguard import __version__
+from trainguard._i18n import choose_language
+from trainguard.errors import TrainguardError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="trainguard")
+def cli() -> None:
+    """trainguard keeps GPU training jobs alive.
+
+    \b
+    trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
+    """
+
+
+def _register() -> None:
+    from trainguard.cli.diagnose import diagnose
+
+    cli.add_command(diagnose)
+
+
+def _fail(message: str, code: int) -> int:
+    click.echo(f"trainguard: {message}", err=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register()
+    lang = choose_language(None, os.environ)
+    try:
+        result = cli.main(args=argv, prog_name="trainguard", standalone_mode=False)
+    except TrainguardError as exc:
+        return _fail(exc.message(lang), exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        return 2
+    except click.ClickException as exc:
+        return _fail(exc.format_message().replace("\n", " "), exc.exit_code)
+    except click.exceptions.Abort:
+        return _fail("interrupted" if lang == "en" else "已中断", 130)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except BrokenPipeError:
+        # `trainguard diagnose ... | head`: the reader left; that is not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return _fail("interrupted" if lang == "en" else "已中断", 130)
+    return result if isinstance(result, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,106 @@
+"""How a diagnosis looks: one JSON object (DESIGN section 5) or a short page for a person."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainguard import causes
+from trainguard.diagnosis.classify import Diagnosis
+from trainguard.diagnosis.evidence import Observation
+from trainguard.postmortem import Report
+
+_LABELS = {
+    "en": {"confidence": "confidence", "evidence": "Evidence", "fix": "What to do", "also": "Also possible",
+           "none": "no line in the log points to a cause", "scanned": "scanned {lines:,} lines ({size})"},
+    "zh": {"confidence": "置信度", "evidence": "证据", "fix": "怎么办", "also": "其他可能",
+           "none": "日志中没有指向原因的行", "scanned": "已扫描 {lines:,} 行（{size}）"},
+}
+
+
+_SHOWN_TEXT = 200  # characters of an evidence line on a terminal; --json carries more
+
+
+def _evidence_json(obs: Observation) -> dict[str, Any]:
+    item: dict[str, Any] = {"source": obs.source, "line": obs.line, "text": obs.text}
+    if obs.file is not None:
+        item["file"] = obs.file
+    if obs.note is not None:
+        item["note"] = obs.note
+    return item
+
+
+def diagnosis_dict(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
+    cause = causes.get(diagnosis.cause)
+    return {
+        "cause": diagnosis.cause,
+        "confidence": diagnosis.confidence,
+        "title": cause.title_in(lang),
+        "evidence": [_evidence_json(o) for o in diagnosis.evidence],
+        "fixes": list(cause.fixes_in(lang)),
+        "alternatives": [{"cause": c, "confidence": conf} for c, conf in diagnosis.alternatives],
+    }
+
+
+def diagnosis_json(diagnosis: Diagnosis, lang: str) -> str:
+    return json.dumps(diagnosis_dict(diagnosis, lang), ensure_ascii=False, indent=2)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _where(obs: Observation) -> str:
+    if obs.source == "exit":
+        return "exit"
+    place = obs.source if obs.file is None else obs.file
+    return f"{place}:{obs.line}" if obs.line is not None else place
+
+
+def print_diagnosis(report: Report, lang: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    labels = _LABELS[lang]
+    diagnosis = report.diagnosis
+    cause = causes.get(diagnosis.cause)
+    console = Console(highlight=False, soft_wrap=False)
+    style = "bold yellow" if diagnosis.cause == causes.UNKNOWN else "bold red"
+    console.print(f"[{style}]{escape(cause.title_in(lang))}[/]")
+    meta = diagnosis.cause
+    if diagnosis.cause != causes.UNKNOWN:
+        meta += f" · {labels['confidence']} {diagnosis.confidence:.2f}"
+    console.print(f"[dim]{meta}[/]")
+
+    console.print(f"\n[bold]{labels['evidence']}[/]")
+    if diagnosis.evidence:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="cyan", no_wrap=True)
+        table.add_column(overflow="fold")
+        for obs in diagnosis.evidence:
+            shown = obs.text if len(obs.text) <= _SHOWN_TEXT else obs.text[:_SHOWN_TEXT] + "…"
+            text = escape(shown)
+            if obs.note:
+                text += f"\n[dim]{escape(obs.note)}[/]"
+            table.add_row(_where(obs), text)
+        console.print(table)
+    else:
+        console.print(f"  [dim]{labels['none']}[/]")
+
+    console.print(f"\n[bold]{labels['fix']}[/]")
+    fixes = Table.grid(padding=(0, 1))
+    fixes.add_column(justify="right", no_wrap=True)
+    fixes.add_column(overflow="fold")
+    for number, fix in enumerate(cause.fixes_in(lang), start=1):
+        fixes.add_row(f"  {number}.", escape(fix))
+    console.print(fixes)
+
+    if diagnosis.alternatives:
+        also = ", ".join(f"{c} ({conf:.2f})" for c, conf in diagnosis.alternatives)
+        console.print(f"\n[dim]{labels['also']}: {also}[/]")
+    console.print(f"[dim]{labels['scanned'].format(lines=report.lines_scanned, size=_size(report.bytes_scanned))}[/]")

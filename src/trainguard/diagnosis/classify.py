@@ -1,0 +1,119 @@
+"""The classifier: observations in, one diagnosis out. Pure: no I/O, no clock.
+
+How it weighs:
+1. A line counts once, for its heaviest reading; a wrapper line (torchrun's summary) keeps only its
+   root readings.
+2. Cascade observations (an NCCL watchdog timeout, a launcher's SIGTERM to the other ranks, the Python
+   exception that wraps a failure) count at a fraction of their weight when a root observation of
+   another cause is strong: they are echoes of that failure.
+3. Independent observations of one cause combine like independent witnesses:
+   confidence = 1 - prod(1 - w) over its distinct rules (a rule repeated a thousand times is one witness).
+4. The most confident cause wins; on a tie the earliest evidence wins (the first failure is the root).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainguard.causes import UNKNOWN
+from trainguard.diagnosis.evidence import Observation
+from trainguard.diagnosis.signatures import Role
+
+CASCADE_FACTOR = 0.3
+STRONG_ROOT = 0.5  # a root observation at least this heavy makes other causes' cascades echoes
+MIN_CONFIDENCE = 0.25  # below this nothing decides: the cause is unknown
+MIN_ALTERNATIVE = 0.05
+MAX_ALTERNATIVES = 4
+MAX_EVIDENCE = 8
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: str
+    confidence: float
+    evidence: tuple[Observation, ...]
+    alternatives: tuple[tuple[str, float], ...]
+
+
+def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observation]:
+    by_line: dict[tuple, list[Observation]] = defaultdict(list)
+    kept: list[Observation] = []
+    for obs in observations:
+        if obs.line is None:
+            kept.append(obs)
+        else:
+            by_line[(obs.source, obs.file, obs.line)].append(obs)
+    for readings in by_line.values():
+        if any(r.role is Role.WRAPPER for r in readings):
+            readings = [r for r in readings if r.role is Role.ROOT]
+        if readings:
+            kept.append(max(readings, key=lambda r: r.weight))
+    return kept
+
+
+def _effective_weights(observations: Sequence[Observation]) -> list[tuple[Observation, float]]:
+    strong_root_causes = {o.cause for o in observations if o.role is Role.ROOT and o.weight >= STRONG_ROOT}
+    weighted = []
+    for obs in observations:
+        weight = obs.weight
+        if obs.role is Role.CASCADE and strong_root_causes - {obs.cause}:
+            weight *= CASCADE_FACTOR
+        weighted.append((obs, weight))
+    return weighted
+
+
+def _combine(weights: Sequence[float]) -> float:
+    remaining = 1.0
+    for weight in weights:
+        remaining *= 1.0 - weight
+    return 1.0 - remaining
+
+
+def classify(observations: Sequence[Observation]) -> Diagnosis:
+    readings = _one_reading_per_line(observations)
+    weighted = [(o, w) for o, w in _effective_weights(readings) if w > 0]
+
+    per_rule: dict[str, dict[str, float]] = defaultdict(dict)  # cause -> rule -> heaviest weight
+    earliest: dict[str, tuple[int, int]] = {}
+    for obs, weight in weighted:
+        rules = per_rule[obs.cause]
+        rules[obs.rule] = max(weight, rules.get(obs.rule, 0.0))
+        if obs.cause not in earliest or obs.order < earliest[obs.cause]:
+            earliest[obs.cause] = obs.order
+    scores = {cause: _combine(list(rules.values())) for cause, rules in per_rule.items()}
+    ranked = sorted(scores, key=lambda c: (-round(scores[c], 6), earliest[c]))
+
+    if not ranked or scores[ranked[0]] < MIN_CONFIDENCE:
+        cause, confidence = UNKNOWN, 0.0
+        others = ranked
+    else:
+        cause, confidence = ranked[0], scores[ranked[0]]
+        others = ranked[1:]
+    alternatives = tuple(
+        (c, round(scores[c], 3)) for c in others if scores[c] >= MIN_ALTERNATIVE
+    )[:MAX_ALTERNATIVES]
+    return Diagnosis(
+        cause=cause,
+        confidence=round(confidence, 3),
+        evidence=_pick_evidence([(o, w) for o, w in weighted if o.cause == cause]),
+        alternatives=alternatives,
+    )
+
+
+def _pick_evidence(weighted: Sequence[tuple[Observation, float]]) -> tuple[Observation, ...]:
+    """The lines a person should read: the heaviest reading of each rule (earliest on ties), and the
+    last one too (the final exception is the one that ended the job), in the order they happened."""
+    chosen: dict[str, Observation] = {}
+    last: dict[str, Observation] = {}
+    for obs, weight in sorted(weighted, key=lambda ow: (-ow[1], ow[0].order)):
+        chosen.setdefault(obs.rule, obs)
+    for obs, _ in weighted:
+        if obs.rule not in last or obs.order > last[obs.rule].order:
+            last[obs.rule] = obs
+    picked = {id(o): o for o in chosen.values()}
+    for obs in last.values():
+        picked.setdefault(id(obs), obs)
+    ordered = sorted(picked.values(), key=lambda o: ({"kernel": 1, "exit": 2}.get(o.source, 0), o.order))
+    return tuple(ordered[:MAX_EVIDENCE])

@@ -1,0 +1,190 @@
+"""Evidence as plain values, and the pure functions that turn raw findings into observations.
+
+An :class:`Observation` is one fact that speaks for a cause with a weight: a log line a signature
+matched, a kernel-log record, the exit status. The classifier only ever sees observations.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from trainguard.diagnosis.scan import LineMatch, clean_text
+from trainguard.diagnosis.signatures import XID_CAUSE, ExitRule, Role, Signature, lookup_xid
+
+
+@dataclass(frozen=True)
+class Observation:
+    source: str  # "log" | "kernel" | "exit" | "telemetry" (DESIGN section 5)
+    cause: str
+    weight: float
+    role: Role
+    rule: str  # the signature id or exit rule that produced it
+    text: str
+    line: int | None = None
+    file: str | None = None
+    note: str | None = None  # what the line means, when the line alone does not say (Xid codes)
+    order: tuple[int, int] = (0, 0)  # (file index, line): earlier is closer to the root cause
+
+
+# ----------------------------------------------------------------------------- exit status
+_MAX_SIGNAL = 64
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended: an exit code, or the signal that killed it."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @classmethod
+    def from_number(cls, value: int) -> ExitStatus:
+        """Read an exit status as people and tools print it: -N (Python's subprocess) and 128+N
+        (shells, Docker, Kubernetes) are death by signal N; 0..128 are exit codes."""
+        if value < 0:
+            if -value > _MAX_SIGNAL:
+                raise ValueError(f"{value} is not a signal number")
+            return cls(signal=-value)
+        if 128 < value <= 128 + _MAX_SIGNAL:
+            return cls(signal=value - 128)
+        if value > 255:
+            raise ValueError(f"{value} is not an exit status (0..255)")
+        return cls(code=value)
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.signal is None:
+            return None
+        try:
+            return _signal.Signals(self.signal).name
+        except ValueError:
+            return f"SIG{self.signal}"
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by signal {self.signal} ({self.signal_name}), exit status {128 + self.signal}"
+        return f"exit code {self.code}"
+
+
+def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule]) -> list[Observation]:
+    if status is None:
+        return []
+    found = []
+    for rule in rules:
+        if (rule.signal is not None and rule.signal == status.signal_name) or (
+            rule.code is not None and rule.code == status.code
+        ):
+            found.append(
+                Observation(
+                    source="exit",
+                    cause=rule.cause,
+                    weight=rule.weight,
+                    role=rule.role,
+                    rule=f"exit:{rule.signal or rule.code}",
+                    text=status.describe(),
+                    order=(1 << 30, 0),
+                )
+            )
+    return found
+
+
+# ----------------------------------------------------------------------------- log lines
+def _cause_and_weight(signature: Signature, groups: dict[str, str]) -> tuple[str, float, str | None]:
+    if signature.cause != XID_CAUSE:
+        return signature.cause, signature.weight, None
+    info = lookup_xid(int(groups["xid"]))
+    note = f"Xid {info.xid}: {info.name}"
+    if info.action:
+        note += f" — {info.action}"
+    return info.cause, info.weight, note
+
+
+def observations_from_log(matches: Iterable[LineMatch], *, file: str | None = None, file_index: int = 0) -> list[Observation]:
+    found = []
+    for match in matches:
+        cause, weight, note = _cause_and_weight(match.signature, match.groups)
+        found.append(
+            Observation(
+                source="log",
+                cause=cause,
+                weight=weight,
+                role=match.signature.role,
+                rule=match.signature.id,
+                text=match.text,
+                line=match.line,
+                file=file,
+                note=note,
+                order=(file_index, match.line),
+            )
+        )
+    return found
+
+
+def pids_in(matches: Iterable[LineMatch]) -> set[int]:
+    """Process ids the log itself names as dead (a DataLoader worker, a shell's 'Killed' line)."""
+    return {int(m.groups["pid"]) for m in matches if m.groups.get("pid", "").isdigit()}
+
+
+# ----------------------------------------------------------------------------- kernel log
+@dataclass(frozen=True)
+class KernelLine:
+    text: str
+    time: float | None = None  # seconds since the epoch, when the format says
+
+
+# A kernel record names a process: certain when that process is the job's, weak when it is another.
+LINKED_WEIGHT = 0.99
+UNLINKED_FACTOR = 0.9  # the job's pids are not known (a saved log with no run record)
+OTHER_PROCESS_FACTOR = 0.3  # the record names a process that is not the job's
+
+
+def observations_from_kernel(
+    lines: Iterable[KernelLine],
+    signatures: Sequence[Signature],
+    *,
+    job_pids: set[int] | None = None,
+    mentioned_pids: set[int] | None = None,
+) -> list[Observation]:
+    """``job_pids``: every process of the job, when a run record knows them (a record naming any
+    other process is about someone else). ``mentioned_pids``: processes the job's own log names as
+    killed; they link a record to the job but say nothing about the others."""
+    linked = (job_pids or set()) | (mentioned_pids or set())
+    kernel_signatures = [s for s in signatures if s.kernel]
+    found = []
+    for number, line in enumerate(lines, start=1):
+        raw = line.text.encode("utf-8", "replace")
+        best: Observation | None = None
+        for signature in kernel_signatures:
+            match = signature.regex.search(raw)
+            if match is None:
+                continue
+            groups = {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items() if v is not None}
+            cause, weight, note = _cause_and_weight(signature, groups)
+            pid = groups.get("pid")
+            if pid is not None:
+                if int(pid) in linked:
+                    weight = max(weight, LINKED_WEIGHT)
+                    note = f"names the job's process {pid}"
+                elif job_pids:
+                    weight *= OTHER_PROCESS_FACTOR
+                    note = f"process {pid} is not one of the job's"
+                else:
+                    weight *= UNLINKED_FACTOR
+            candidate = Observation(
+                source="kernel",
+                cause=cause,
+                weight=round(weight, 3),
+                role=signature.role,
+                rule=signature.id,
+                text=clean_text(raw),
+                line=number,
+                note=note,
+                order=(-1, number),
+            )
+            if best is None or candidate.weight > best.weight:
+                best = candidate
+        if best is not None:
+            found.append(best)
+    return found
