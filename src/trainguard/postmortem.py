@@ -64,6 +64,9 @@ def investigate(
         mentioned |= pids_in(result.matches)
     observations += observations_from_exit(exit_status, table.exit_rules)
     observations += observations_from_kernel(
-        kernel_lines, table.signatures, job_pids=set(job_pids) if job_pids is not None else None, mentioned_pids=mentioned
+        kernel_lines,
+        table.signatures,
+        job_pids=set(job_pids) if job_pids is not None else None,
+        mentioned_pids=mentioned,
     )
     return Report(classify(observations), lines, size, scanner.engine)

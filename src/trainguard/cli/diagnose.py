@@ -59,16 +59,33 @@ def _kernel_lines(spec: str | None, mtimes: list[float], now: float, warn: list[
 
 @click.command()
 @click.argument("targets", nargs=-1, metavar="[RUN | FILE... | -]")
-@click.option("--exit-code", "exit_status", callback=_parse_exit_code, metavar="N",
-              help="The job's exit status: 137 or -9 mean killed by SIGKILL, 135/-7 SIGBUS, 139/-11 SIGSEGV.")
-@click.option("--kernel-log", "kernel_spec", metavar="FILE|auto",
-              help="A saved kernel log (dmesg, dmesg -T, journalctl -k), or 'auto' to read this machine's "
-                   "around the time the log was last written.")
+@click.option(
+    "--exit-code",
+    "exit_status",
+    callback=_parse_exit_code,
+    metavar="N",
+    help="The job's exit status: 137 or -9 mean killed by SIGKILL, 135/-7 SIGBUS, 139/-11 SIGSEGV.",
+)
+@click.option(
+    "--kernel-log",
+    "kernel_spec",
+    metavar="FILE|auto",
+    help="A saved kernel log (dmesg, dmesg -T, journalctl -k), or 'auto' to read this machine's "
+    "around the time the log was last written.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--example", is_flag=True, help="Diagnose the example log shipped with trainguard (a 4-GPU torchrun job).")
+@click.option(
+    "--example", is_flag=True, help="Diagnose the example log shipped with trainguard (a 4-GPU torchrun job)."
+)
 @click.option("--lang", type=click.Choice(LANGUAGES), help="Language of the output (default: from LANG).")
-def diagnose(targets: tuple[str, ...], exit_status: ExitStatus | None, kernel_spec: str | None,
-             as_json: bool, example: bool, lang: str | None) -> int:
+def diagnose(
+    targets: tuple[str, ...],
+    exit_status: ExitStatus | None,
+    kernel_spec: str | None,
+    as_json: bool,
+    example: bool,
+    lang: str | None,
+) -> int:
     """Name why a training job died: the cause, the lines that prove it, and the fix.
 
     \b

@@ -11,10 +11,22 @@ from trainguard.diagnosis.evidence import Observation
 from trainguard.postmortem import Report
 
 _LABELS = {
-    "en": {"confidence": "confidence", "evidence": "Evidence", "fix": "What to do", "also": "Also possible",
-           "none": "no line in the log points to a cause", "scanned": "scanned {lines:,} lines ({size})"},
-    "zh": {"confidence": "置信度", "evidence": "证据", "fix": "怎么办", "also": "其他可能",
-           "none": "日志中没有指向原因的行", "scanned": "已扫描 {lines:,} 行（{size}）"},
+    "en": {
+        "confidence": "confidence",
+        "evidence": "Evidence",
+        "fix": "What to do",
+        "also": "Also possible",
+        "none": "no line in the log points to a cause",
+        "scanned": "scanned {lines:,} lines ({size})",
+    },
+    "zh": {
+        "confidence": "置信度",
+        "evidence": "证据",
+        "fix": "怎么办",
+        "also": "其他可能",
+        "none": "日志中没有指向原因的行",
+        "scanned": "已扫描 {lines:,} 行（{size}）",
+    },
 }
 
 

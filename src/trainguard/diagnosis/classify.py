@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainguard.causes import UNKNOWN
 from trainguard.diagnosis.evidence import Observation
@@ -49,7 +49,12 @@ def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observati
         if any(r.role is Role.WRAPPER for r in readings):
             readings = [r for r in readings if r.role is Role.ROOT]
         if readings:
-            kept.append(max(readings, key=lambda r: r.weight))
+            heaviest = max(readings, key=lambda r: r.weight)
+            if heaviest.note is None:
+                # Keep what another reading of the same line knows (an Xid code's meaning).
+                note = next((r.note for r in readings if r.note), None)
+                heaviest = replace(heaviest, note=note)
+            kept.append(heaviest)
     return kept
 
 
@@ -91,9 +96,7 @@ def classify(observations: Sequence[Observation]) -> Diagnosis:
     else:
         cause, confidence = ranked[0], scores[ranked[0]]
         others = ranked[1:]
-    alternatives = tuple(
-        (c, round(scores[c], 3)) for c in others if scores[c] >= MIN_ALTERNATIVE
-    )[:MAX_ALTERNATIVES]
+    alternatives = tuple((c, round(scores[c], 3)) for c in others if scores[c] >= MIN_ALTERNATIVE)[:MAX_ALTERNATIVES]
     return Diagnosis(
         cause=cause,
         confidence=round(confidence, 3),

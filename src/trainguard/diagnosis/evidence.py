@@ -101,7 +101,9 @@ def _cause_and_weight(signature: Signature, groups: dict[str, str]) -> tuple[str
     return info.cause, info.weight, note
 
 
-def observations_from_log(matches: Iterable[LineMatch], *, file: str | None = None, file_index: int = 0) -> list[Observation]:
+def observations_from_log(
+    matches: Iterable[LineMatch], *, file: str | None = None, file_index: int = 0
+) -> list[Observation]:
     found = []
     for match in matches:
         cause, weight, note = _cause_and_weight(match.signature, match.groups)
@@ -155,7 +157,6 @@ def observations_from_kernel(
     found = []
     for number, line in enumerate(lines, start=1):
         raw = line.text.encode("utf-8", "replace")
-        best: Observation | None = None
         for signature in kernel_signatures:
             match = signature.regex.search(raw)
             if match is None:
@@ -172,19 +173,17 @@ def observations_from_kernel(
                     note = f"process {pid} is not one of the job's"
                 else:
                     weight *= UNLINKED_FACTOR
-            candidate = Observation(
-                source="kernel",
-                cause=cause,
-                weight=round(weight, 3),
-                role=signature.role,
-                rule=signature.id,
-                text=clean_text(raw),
-                line=number,
-                note=note,
-                order=(-1, number),
+            found.append(
+                Observation(
+                    source="kernel",
+                    cause=cause,
+                    weight=round(weight, 3),
+                    role=signature.role,
+                    rule=signature.id,
+                    text=clean_text(raw),
+                    line=number,
+                    note=note,
+                    order=(-1, number),
+                )
             )
-            if best is None or candidate.weight > best.weight:
-                best = candidate
-        if best is not None:
-            found.append(best)
     return found

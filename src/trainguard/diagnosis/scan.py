@@ -58,13 +58,11 @@ class _HyperscanEngine:
 
         self._hs = hyperscan
         expressions = [sig.pattern.encode() for sig in signatures]
-        flags = [
-            hyperscan.HS_FLAG_MULTILINE
-            | (hyperscan.HS_FLAG_CASELESS if sig.icase else 0)
-            for sig in signatures
-        ]
+        flags = [hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if sig.icase else 0) for sig in signatures]
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(expressions=expressions, ids=list(range(len(signatures))), elements=len(signatures), flags=flags)
+        self._db.compile(
+            expressions=expressions, ids=list(range(len(signatures))), elements=len(signatures), flags=flags
+        )
         self._scratch = hyperscan.Scratch(self._db)
 
     def find(self, segment: bytes) -> list[tuple[int, int]]:
@@ -145,7 +143,9 @@ def clean_text(raw: bytes) -> str:
 class Scanner:
     """Finds signature lines in a stream of bytes. One instance compiles its patterns once."""
 
-    def __init__(self, signatures: Sequence[Signature], *, engine: str | None = None, keep_first: int = KEEP_FIRST) -> None:
+    def __init__(
+        self, signatures: Sequence[Signature], *, engine: str | None = None, keep_first: int = KEEP_FIRST
+    ) -> None:
         self.signatures = tuple(signatures)
         self._engine = _make_engine(self.signatures, engine)
         self._keep_first = keep_first

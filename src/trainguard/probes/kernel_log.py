@@ -26,7 +26,9 @@ from trainguard.errors import TrainguardError
 
 _DMESG_RAW = re.compile(r"^\[ *(?P<mono>[0-9]+\.[0-9]+)\] ?(?P<msg>.*)$")
 _DMESG_CTIME = re.compile(r"^\[(?P<ctime>[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4})\] ?(?P<msg>.*)$")
-_ISO = re.compile(r"^(?P<iso>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}(?:[.,][0-9]+)?(?:Z|[+-][0-9]{2}:?[0-9]{2})?) (?P<msg>.*)$")
+_ISO = re.compile(
+    r"^(?P<iso>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}(?:[.,][0-9]+)?(?:Z|[+-][0-9]{2}:?[0-9]{2})?) (?P<msg>.*)$"
+)
 _SYSLOG = re.compile(r"^(?P<stamp>[A-Z][a-z]{2} +[0-9]{1,2} [0-9:]{8}) (?P<msg>.*)$")
 _KMSG = re.compile(r"^[0-9]+,[0-9]+,(?P<usec>[0-9]+),[^;]*;(?P<msg>.*)$")
 _HOST_KERNEL = re.compile(r"^[^ ]+ kernel: ?(?P<msg>.*)$")
