@@ -19,6 +19,7 @@ from trainguard.diagnosis.evidence import (
 )
 from trainguard.diagnosis.scan import Scanner
 from trainguard.diagnosis.signatures import SignatureTable, default_table
+from trainguard.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Report:
 
 @cache
 def default_scanner() -> Scanner:
-    return Scanner(default_table().signatures)
+    return Scanner(default_table().signatures, cache_dir=cache_dir())
 
 
 def investigate(

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.real
 
 
 def diagnose(*args: str) -> dict:
-    done = subprocess.run([*trainguard_cmd(), "diagnose", *args, "--json"], capture_output=True, timeout=120)
+    done = subprocess.run(
+        [*trainguard_cmd(), "diagnose", *args, "--json"], capture_output=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
 
@@ -37,21 +39,23 @@ def write_script(tmp_path: Path, name: str, body: str) -> Path:
 def test_oom_kill_in_a_memory_cgroup_is_host_oom_for_certain_with_the_kernel_record(tmp_path: Path) -> None:
     if reason := faults.why_no_memory_cgroup():
         pytest.skip(reason)
-    hog = write_script(tmp_path, "hog.py", """
+    hog = write_script(
+        tmp_path,
+        "hog.py",
+        """
         import time
         print("epoch 0: loading the whole dataset into memory", flush=True)
         chunks = []
         while True:
             chunks.append(bytearray(16 * 1024 * 1024))
             time.sleep(0.005)
-    """)
+    """,
+    )
     log = tmp_path / "train.log"
     with faults.memory_cgroup(96 * 1024 * 1024) as procs:
         # bash runs the job as a child (not exec): like a shell script started by hand or by Slurm,
         # it reports "line N: PID Killed" when the kernel kills the job.
-        status = faults.run_to_log(
-            ["bash", "-c", f'echo $$ > {procs}; "{sys.executable}" {hog}; exit $?'], log
-        )
+        status = faults.run_to_log(["bash", "-c", f'echo $$ > {procs}; "{sys.executable}" {hog}; exit $?'], log)
     assert status == 137, log.read_text()
 
     bare = diagnose(str(log))
@@ -69,7 +73,10 @@ def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted(tmp_path: Path) -
     pytest.importorskip("torch", reason="the DataLoader reproduction needs torch (pip install -e '.[test]')")
     if reason := faults.why_no_mount_namespace():
         pytest.skip(reason)
-    loader = write_script(tmp_path, "loader.py", """
+    loader = write_script(
+        tmp_path,
+        "loader.py",
+        """
         import torch
         from torch.utils.data import DataLoader, Dataset
 
@@ -81,7 +88,8 @@ def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted(tmp_path: Path) -
 
         for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
             print(f"step {step} batch {tuple(batch.shape)}", flush=True)
-    """)
+    """,
+    )
     log = tmp_path / "train.log"
     status = faults.run_to_log(faults.with_tiny_dev_shm([sys.executable, str(loader)]), log)
     assert status != 0, log.read_text()
@@ -92,14 +100,18 @@ def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted(tmp_path: Path) -
 def test_a_write_past_a_full_dev_shm_dies_of_sigbus_and_is_shm_exhausted(tmp_path: Path) -> None:
     if reason := faults.why_no_mount_namespace():
         pytest.skip(reason)
-    writer = write_script(tmp_path, "shm_writer.py", """
+    writer = write_script(
+        tmp_path,
+        "shm_writer.py",
+        """
         import mmap, os
         print("worker: staging a 4 MB batch in /dev/shm", flush=True)
         fd = os.open("/dev/shm/batch-0", os.O_CREAT | os.O_RDWR)
         os.ftruncate(fd, 4 * 1024 * 1024)   # sparse: succeeds on a 1 MB tmpfs
         view = mmap.mmap(fd, 4 * 1024 * 1024)
         view[:] = b"x" * (4 * 1024 * 1024)   # the page past 1 MB has nowhere to go: SIGBUS
-    """)
+    """,
+    )
     log = tmp_path / "train.log"
     status = faults.run_to_log(faults.with_tiny_dev_shm([sys.executable, "-X", "faulthandler", str(writer)]), log)
     assert status in (-signal.SIGBUS, 128 + signal.SIGBUS), (status, log.read_text())
@@ -175,11 +187,15 @@ def test_a_job_on_a_terminal_that_closes_dies_of_sighup(tmp_path: Path) -> None:
 
 def test_an_exception_in_the_training_code_is_a_python_error(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
-    script = write_script(tmp_path, "train.py", """
+    script = write_script(
+        tmp_path,
+        "train.py",
+        """
         labels = {"cat": 0, "dog": 1}
         for step, name in enumerate(["cat", "dog", "bird"]):
             print(f"step {step}: label {labels[name]}", flush=True)
-    """)
+    """,
+    )
     status = faults.run_to_log([sys.executable, str(script)], log)
     result = diagnose(str(log), "--exit-code", str(status))
     assert result["cause"] == "python_error"
@@ -190,8 +206,11 @@ def test_an_exception_in_the_training_code_is_a_python_error(tmp_path: Path) -> 
 def test_sigterm_from_a_scheduler_is_preempted(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     with log.open("ab") as out:
-        job = subprocess.Popen([sys.executable, "-c", "import time\nprint('step 1', flush=True)\ntime.sleep(60)"],
-                               stdout=out, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(
+            [sys.executable, "-c", "import time\nprint('step 1', flush=True)\ntime.sleep(60)"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         time.sleep(0.5)
         job.send_signal(signal.SIGTERM)
         status = job.wait(timeout=30)

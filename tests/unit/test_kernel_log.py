@@ -45,7 +45,7 @@ def test_dev_kmsg_records() -> None:
 
 def test_window_keeps_records_in_time_and_those_without_a_time() -> None:
     lines = [KernelLine("old", 100.0), KernelLine("in", 500.0), KernelLine("undated", None), KernelLine("late", 900.0)]
-    assert [l.text for l in in_window(lines, 400.0, 600.0)] == ["in", "undated"]
+    assert [line.text for line in in_window(lines, 400.0, 600.0)] == ["in", "undated"]
 
 
 def test_xid_lines_from_a_real_capture_carry_their_meaning() -> None:

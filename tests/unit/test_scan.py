@@ -69,3 +69,16 @@ def test_engines_agree_on_a_mixed_log() -> None:
     fast = Scanner(SIGNATURES, engine="hyperscan").scan_text(text)
     slow = Scanner(SIGNATURES, engine="re").scan_text(text)
     assert {(m.signature.id, m.line) for m in fast.matches} == {(m.signature.id, m.line) for m in slow.matches}
+
+
+def test_the_compiled_database_is_cached_and_a_damaged_cache_is_ignored(tmp_path) -> None:
+    first = Scanner(SIGNATURES, cache_dir=tmp_path)
+    cached = list(tmp_path.glob("signatures-*.hsdb"))
+    assert first.engine == "hyperscan" and len(cached) == 1
+    assert Scanner(SIGNATURES, cache_dir=tmp_path).scan_text("Killed\n").matches  # loads from the cache
+    cached[0].write_bytes(cached[0].read_bytes()[:-100] + b"\0" * 100)  # a torn or tampered file
+    again = Scanner(SIGNATURES, cache_dir=tmp_path)
+    assert again.scan_text("RuntimeError: CUDA out of memory.\n").matches
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o500)
+    assert Scanner(SIGNATURES, cache_dir=read_only / "sub").scan_text("Killed\n").matches

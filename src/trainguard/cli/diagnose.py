@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from contextlib import ExitStack
+from pathlib import Path
 
 import click
 
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
+from trainguard.diagnosis.scan import read_blocks
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, investigate
 from trainguard.probes import kernel_log
 from trainguard.probes.log_files import open_log
-from trainguard.diagnosis.scan import read_blocks
 
 # A job's death and the kernel's record of it happen within moments of the log's last write; the
 # window is wide enough for a slow OOM kill and narrow enough to leave other days' records out.

@@ -45,7 +45,8 @@ def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observati
             kept.append(obs)
         else:
             by_line[(obs.source, obs.file, obs.line)].append(obs)
-    for readings in by_line.values():
+    for line_readings in by_line.values():
+        readings = line_readings
         if any(r.role is Role.WRAPPER for r in readings):
             readings = [r for r in readings if r.role is Role.ROOT]
         if readings:
@@ -110,7 +111,7 @@ def _pick_evidence(weighted: Sequence[tuple[Observation, float]]) -> tuple[Obser
     last one too (the final exception is the one that ended the job), in the order they happened."""
     chosen: dict[str, Observation] = {}
     last: dict[str, Observation] = {}
-    for obs, weight in sorted(weighted, key=lambda ow: (-ow[1], ow[0].order)):
+    for obs, _weight in sorted(weighted, key=lambda ow: (-ow[1], ow[0].order)):
         chosen.setdefault(obs.rule, obs)
     for obs, _ in weighted:
         if obs.rule not in last or obs.order > last[obs.rule].order:

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime
 
 from trainguard.diagnosis.evidence import KernelLine
 from trainguard.errors import TrainguardError
