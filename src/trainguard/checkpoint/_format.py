@@ -1,0 +1,284 @@
+"""The on-disk form of a checkpoint, and the one function that writes it.
+
+    <dir>/step-000000001200/tensors.bin     every tensor's raw bytes, 64-byte aligned
+    <dir>/step-000000001200/tree.pkl        the rest of the state, tensors replaced by references
+    <dir>/step-000000001200/manifest.json   written last: format, step, time, each file's size and CRC-32
+
+A checkpoint is written in <dir>/.tmp-step-...-<pid>/, its files fsynced, renamed into place, the
+folder fsynced, and only then is the manifest written (through a temporary file, fsynced, renamed).
+A reader trusts a checkpoint only when its manifest exists and the files match it, so a kill at any
+moment leaves either the previous checkpoints or a complete new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT_VERSION = 1
+DATA_FILE = "tensors.bin"
+TREE_FILE = "tree.pkl"
+MANIFEST_FILE = "manifest.json"
+TMP_PREFIX = ".tmp-"
+_NAME = re.compile(r"^step-([0-9]{12,})$")
+_TMP_NAME = re.compile(r"^\.tmp-step-[0-9]+-([0-9]+)$")
+CHUNK = 8 * 1024 * 1024
+LOCK_FILE = ".writing.lock"
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written or read; the message says why and what is kept."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    pass
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    time: float
+    files: dict[str, dict[str, int]]
+    format: int = FORMAT_VERSION
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry["size"] for entry in self.files.values())
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:012d}"
+
+
+def step_of(path: Path) -> int | None:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, chunks: Iterable[memoryview | bytes]) -> dict[str, int]:
+    crc = 0
+    size = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            for start in range(0, len(view), CHUNK):
+                piece = view[start : start + CHUNK]
+                crc = zlib.crc32(piece, crc)
+                written = 0
+                while written < len(piece):
+                    written += os.write(fd, piece[written:])
+            size += len(view)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"size": size, "crc32": crc}
+
+
+@contextlib.contextmanager
+def _writing_lock(directory: Path, blocking: bool = True):
+    """Held by whoever writes into the folder; the kernel drops it when the holder dies, so a folder
+    whose lock is free has no save in progress and whatever half-written thing is in it is litter."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(
+    directory: Path, step: int, tree: bytes, data: Iterable[memoryview | bytes], *, wall_time: float | None = None
+) -> Path:
+    """Write one complete checkpoint atomically; on any failure remove the partial one and raise."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with _writing_lock(directory):
+            return _write_locked(directory, step, tree, data, wall_time)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint step {step} in {directory}: {exc.strerror or exc}") from exc
+
+
+def _write_locked(
+    directory: Path, step: int, tree: bytes, data: Iterable[memoryview | bytes], wall_time: float | None
+) -> Path:
+    final = directory / checkpoint_name(step)
+    tmp = directory / f"{TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files = {DATA_FILE: _write_file(tmp / DATA_FILE, data), TREE_FILE: _write_file(tmp / TREE_FILE, [tree])}
+        fsync_dir(tmp)
+        if final.exists():  # the same step saved again (a resumed run): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_dir(directory)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "time": time.time() if wall_time is None else wall_time,
+            "files": files,
+        }
+        manifest_tmp = final / f"{TMP_PREFIX}{MANIFEST_FILE}"
+        with open(manifest_tmp, "w", encoding="utf-8") as out:
+            json.dump(manifest, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(manifest_tmp, final / MANIFEST_FILE)
+        fsync_dir(final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if final.exists() and not (final / MANIFEST_FILE).exists():
+            shutil.rmtree(final, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CheckpointError(
+                f"disk full writing checkpoint step {step} in {directory}; the previous checkpoints are kept"
+            ) from exc
+        raise CheckpointError(f"cannot write checkpoint step {step} in {directory}: {exc.strerror or exc}") from exc
+    return final
+
+
+def read_manifest(path: Path) -> Manifest:
+    try:
+        raw = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = Manifest(
+            step=int(raw["step"]), time=float(raw["time"]), files=dict(raw["files"]), format=int(raw["format"])
+        )
+    except FileNotFoundError as exc:
+        raise DamagedCheckpoint(f"{path.name}: no manifest (the save did not finish)") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DamagedCheckpoint(f"{path.name}: unreadable manifest ({exc})") from exc
+    if manifest.format > FORMAT_VERSION:
+        raise DamagedCheckpoint(f"{path.name}: written by a newer trainguard (format {manifest.format})")
+    if manifest.step != step_of(path):
+        raise DamagedCheckpoint(f"{path.name}: manifest says step {manifest.step}")
+    return manifest
+
+
+def read_verified(path: Path, name: str, manifest: Manifest) -> bytearray:
+    """A file's bytes, checked against the manifest's size and CRC-32."""
+    expected = manifest.files.get(name)
+    if expected is None:
+        raise DamagedCheckpoint(f"{path.name}: manifest lists no {name}")
+    try:
+        with open(path / name, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size != expected["size"]:
+                raise DamagedCheckpoint(f"{path.name}/{name}: {size} bytes, manifest says {expected['size']}")
+            data = bytearray(size)
+            view = memoryview(data)
+            read = 0
+            while read < size:
+                got = handle.readinto(view[read : read + CHUNK])
+                if not got:
+                    raise DamagedCheckpoint(f"{path.name}/{name}: shorter than its size")
+                read += got
+    except OSError as exc:
+        raise DamagedCheckpoint(f"{path.name}/{name}: {exc.strerror or exc}") from exc
+    crc = 0
+    for start in range(0, len(view), CHUNK):
+        crc = zlib.crc32(view[start : start + CHUNK], crc)
+    if crc != expected["crc32"]:
+        raise DamagedCheckpoint(f"{path.name}/{name}: checksum mismatch (the file was damaged after writing)")
+    return data
+
+
+def read_into(path: Path, name: str, manifest: Manifest, targets: Iterable[tuple[int, memoryview]]) -> None:
+    """Read a file straight into the given (offset, buffer) places, checking its size and CRC-32
+    against the manifest; the bytes between places (alignment padding) are checked too."""
+    expected = manifest.files.get(name)
+    if expected is None:
+        raise DamagedCheckpoint(f"{path.name}: manifest lists no {name}")
+    crc = 0
+    position = 0
+    try:
+        with open(path / name, "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size != expected["size"]:
+                raise DamagedCheckpoint(f"{path.name}/{name}: {size} bytes, manifest says {expected['size']}")
+            places = sorted(targets, key=lambda place: place[0])
+            places.append((size, memoryview(b"")))
+            for offset, target in places:
+                if offset > position:
+                    gap = handle.read(offset - position)
+                    crc = zlib.crc32(gap, crc)
+                    position += len(gap)
+                for start in range(0, len(target), CHUNK):
+                    piece = target[start : start + CHUNK]
+                    got = handle.readinto(piece)
+                    if got != len(piece):
+                        raise DamagedCheckpoint(f"{path.name}/{name}: shorter than its size")
+                    crc = zlib.crc32(piece, crc)
+                position += len(target)
+    except OSError as exc:
+        raise DamagedCheckpoint(f"{path.name}/{name}: {exc.strerror or exc}") from exc
+    if crc != expected["crc32"]:
+        raise DamagedCheckpoint(f"{path.name}/{name}: checksum mismatch (the file was damaged after writing)")
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint folders with a manifest, newest step first (not yet verified)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if step_of(p) is not None and (p / MANIFEST_FILE).exists()]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(directory: Path) -> list[Path]:
+    """Remove what killed saves left behind: temporary folders, and renamed folders whose manifest was
+    never written. While another process is saving into the folder, only the temporary folders of
+    dead processes are touched. Returns what was removed."""
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    with _writing_lock(directory, blocking=False) as nobody_writing:
+        for path in directory.iterdir():
+            tmp = _TMP_NAME.match(path.name)
+            abandoned = (tmp is not None and (nobody_writing or not _pid_alive(int(tmp.group(1))))) or (
+                nobody_writing and step_of(path) is not None and not (path / MANIFEST_FILE).exists()
+            )
+            if abandoned:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete complete checkpoints beyond the newest ``keep``; called only after a new one is complete."""
+    for old in complete_checkpoints(directory)[keep:]:
+        # Remove the manifest first: a half-deleted folder must never look complete.
+        with contextlib.suppress(OSError):
+            (old / MANIFEST_FILE).unlink()
+        shutil.rmtree(old, ignore_errors=True)

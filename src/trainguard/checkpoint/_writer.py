@@ -1,0 +1,61 @@
+"""The checkpoint writer: a persistent process that turns staged bytes into a durable checkpoint.
+
+The training process copies its tensors into a shared memory buffer (a memfd, so a small /dev/shm
+does not matter) and sends this process the rest; serialising, checksumming, writing and fsyncing
+happen here, off the training process's GIL and CPU. It ignores SIGINT and SIGTERM (a stop signal to
+the job must not cut a save short) and exits when the training process closes the connection.
+
+    python -m trainguard.checkpoint._writer CONNECTION_FD MEMFD
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from trainguard.checkpoint._format import CheckpointError, prune, write_checkpoint
+
+
+def serve(connection: Connection, memfd: int) -> int:
+    mapped: mmap.mmap | None = None
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return 0
+        try:
+            if job["buffer_size"] and (mapped is None or len(mapped) != job["buffer_size"]):
+                if mapped is not None:
+                    mapped.close()
+                mapped = mmap.mmap(memfd, job["buffer_size"], mmap.MAP_SHARED, mmap.PROT_READ)
+            data = [memoryview(mapped)[: job["data_size"]]] if job["data_size"] else []
+            directory = Path(job["directory"])
+            path = write_checkpoint(directory, job["step"], job["tree"], data, wall_time=job["time"])
+            prune(directory, job["keep"])
+            reply = {"ok": True, "path": str(path)}
+        except CheckpointError as exc:
+            reply = {"ok": False, "error": str(exc)}
+        except Exception as exc:
+            reply = {"ok": False, "error": f"checkpoint writer failed: {type(exc).__name__}: {exc}"}
+        try:
+            connection.send(reply)
+        except (BrokenPipeError, OSError):
+            return 0
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.nice(5)  # the training loop comes first
+    except OSError:
+        pass
+    return serve(Connection(int(argv[1])), int(argv[2]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,414 @@
+"""``Checkpointer``: periodic, atomic, asynchronous checkpoints that save on SIGTERM and resume by
+themselves. See DESIGN section 5 for the contract; the on-disk form is in ``_format``."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import mmap
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint import _tree
+from trainguard.checkpoint._format import (
+    DATA_FILE,
+    TREE_FILE,
+    CheckpointError,
+    DamagedCheckpoint,
+    clean_stale,
+    complete_checkpoints,
+    prune,
+    read_into,
+    read_manifest,
+    read_verified,
+    step_of,
+    write_checkpoint,
+)
+from trainguard.probes.memory import available_bytes
+from trainguard.units import parse_duration
+
+log = logging.getLogger("trainguard.checkpoint")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Leave this much memory free after staging: the copy must never be what wakes the OOM killer.
+MEMORY_MARGIN = 512 * 1024 * 1024
+# A save needs the room of the last one, plus this: the disk must never be what the save fills.
+DISK_MARGIN = 1024 * 1024
+
+
+class _Staging:
+    """A growable shared buffer (memfd) that the writer process maps too; reused across saves, so
+    its pages stay resident and the copy into it is a plain memcpy."""
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("trainguard-checkpoint", os.MFD_CLOEXEC)
+        self.size = 0
+        self.map: mmap.mmap | None = None
+        self.bytes_view: Any = None  # a torch uint8 tensor over the map, made when tensors are staged
+
+    def ensure(self, size: int) -> bool:
+        if size <= self.size:
+            return True
+        grow = size - self.size
+        available = available_bytes()
+        if available is not None and available - grow < MEMORY_MARGIN:
+            return False
+        new_size = int(size * 1.1) + mmap.PAGESIZE  # room for a state that grows a little
+        os.ftruncate(self.fd, new_size)
+        if self.map is not None:
+            self.bytes_view = None
+            self.map.close()
+        self.map = mmap.mmap(self.fd, new_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.size = new_size
+        return True
+
+    def copy_in(self, tensors: list[Any], specs: list[_tree.TensorSpec]) -> None:
+        import torch
+
+        if self.bytes_view is None:
+            self.bytes_view = torch.frombuffer(self.map, dtype=torch.uint8)
+        for tensor, spec in zip(tensors, specs):
+            if spec.nbytes:
+                target = self.bytes_view[spec.offset : spec.offset + spec.nbytes].view(tensor.dtype)
+                target.view(tensor.shape).copy_(tensor.detach())
+
+    def close(self) -> None:
+        self.bytes_view = None
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        os.close(self.fd)
+
+
+class _Writer:
+    """The persistent writer process and the one save it may have in flight."""
+
+    def __init__(self, staging_fd: int) -> None:
+        parent, child = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.checkpoint._writer", str(child.fileno()), str(staging_fd)],
+            pass_fds=(child.fileno(), staging_fd),
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        self.connection = Connection(parent.detach())
+        self.in_flight: dict[str, Any] | None = None
+
+    def submit(self, job: dict[str, Any]) -> None:
+        self.connection.send(job)
+        self.in_flight = job
+
+    def wait(self) -> Path | None:
+        if self.in_flight is None:
+            return None
+        job, self.in_flight = self.in_flight, None
+        try:
+            reply = self.connection.recv()
+        except (EOFError, OSError) as exc:
+            raise CheckpointError(
+                f"the checkpoint writer process died while saving step {job['step']}; the previous checkpoints are kept"
+            ) from exc
+        if not reply["ok"]:
+            raise CheckpointError(reply["error"])
+        return Path(reply["path"])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        self.connection.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterator[memoryview | bytes]:
+    """Tensor bytes straight from the tensors (a GPU tensor is copied to the host one at a time)."""
+    position = 0
+    for tensor, spec in zip(tensors, specs):
+        if spec.offset > position:
+            yield bytes(spec.offset - position)
+        host = tensor.detach().to("cpu").contiguous()
+        if spec.nbytes:
+            yield _tree.raw_view(host)
+        position = spec.offset + spec.nbytes
+
+
+class Checkpointer:
+    """Periodic, atomic, asynchronous checkpoints.
+
+    >>> ckpt = Checkpointer("ckpt", every="30m", keep=3)
+    >>> state = ckpt.load_latest()
+    >>> start = state["step"] + 1 if state else 0
+    >>> for step in range(start, total_steps):
+    ...     train_one_step()
+    ...     ckpt.maybe_save(step, lambda: {"step": step, "model": model.state_dict()})
+    ...     if ckpt.stop_requested:
+    ...         break
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        every: float | str | None = "1h",
+        every_steps: int | None = None,
+        keep: int = 3,
+        asynchronous: bool = True,
+        handle_signals: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        directory = directory or os.environ.get("TRAINGUARD_CHECKPOINT_DIR")
+        if not directory:
+            raise CheckpointError("Checkpointer needs a folder (or TRAINGUARD_CHECKPOINT_DIR, set by trainguard run)")
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        if every_steps is not None and every_steps < 1:
+            raise ValueError(f"every_steps must be at least 1, not {every_steps}")
+        self.directory = Path(directory)
+        self.every_s = None if every is None else parse_duration(every)
+        self.every_steps = every_steps
+        self.keep = keep
+        self.asynchronous = asynchronous and sys.platform.startswith("linux")
+        self.damaged: list[str] = []  # why checkpoints were skipped by load_latest
+        self.last_saved: Path | None = None
+        self.last_error: CheckpointError | None = None
+        self._clock = clock
+        self._last_save_time = clock()
+        self._last_saved_step: int | None = None
+        self._last_size = 0
+        self._signal: int | None = None
+        self._stop_requested = False
+        self._staging: _Staging | None = None
+        self._writer: _Writer | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}") from exc
+        for removed in clean_stale(self.directory):
+            log.info("removed %s, left by a save that was killed", removed.name)
+        newest = complete_checkpoints(self.directory)
+        if newest:
+            self._last_size = sum(p.stat().st_size for p in newest[0].iterdir())
+        if handle_signals:
+            self._install_signal_handlers()
+        self_ref = weakref.ref(self)
+        atexit.register(lambda: (obj := self_ref()) is not None and obj.close())
+
+    # ------------------------------------------------------------------ signals
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("Checkpointer created outside the main thread: SIGTERM/SIGUSR1 will not trigger a save")
+            return
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            self._previous_handlers[signum] = previous
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only record: the save happens at the next maybe_save, in the training loop's own time.
+        self._signal = signum
+        previous = self._previous_handlers.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once SIGTERM or SIGUSR1 arrived and the state was saved: leave the training loop."""
+        return self._stop_requested
+
+    # ------------------------------------------------------------------ saving
+    def maybe_save(self, step: int, state: Any | Callable[[], Any]) -> bool:
+        """Save if a signal asked for it (at once, synchronously) or the period has passed. ``state``
+        may be a callable, evaluated only when a save happens. Returns whether it saved.
+
+        A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
+        training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
+        if self._signal is not None and not self._stop_requested:
+            self._stop_requested = True
+            saved = self._save_logged(state, step, blocking=True)
+            log.warning("signal %s received: %s step %d; stop the training loop",
+                        self._signal, "saved" if saved else "could not save", step)  # fmt: skip
+            return saved
+        if not self._due(step):
+            return False
+        return self._save_logged(state, step, blocking=None)
+
+    def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
+        try:
+            self.save(state() if callable(state) else state, step, blocking=blocking)
+        except CheckpointError as exc:
+            self.last_error = exc
+            log.error("checkpoint not saved: %s", exc)
+            return False
+        return True
+
+    def _due(self, step: int) -> bool:
+        if self.every_steps is not None:
+            since = step - self._last_saved_step if self._last_saved_step is not None else step + 1
+            if since >= self.every_steps:
+                return True
+        return self.every_s is not None and self._clock() - self._last_save_time >= self.every_s
+
+    def save(self, state: Any, step: int, *, blocking: bool | None = None) -> None:
+        """Save ``state`` as checkpoint ``step``. Asynchronous unless ``blocking`` (or the instance
+        is synchronous): returns once the tensors are copied; ``wait()`` blocks until it is on disk."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, not {step}")
+        self.wait()
+        skeleton, tensors = _tree.flatten(state)
+        specs, data_size = _tree.layout(tensors)
+        tree = pickle.dumps({"skeleton": skeleton, "specs": specs}, protocol=pickle.HIGHEST_PROTOCOL)
+        self._check_room_on_disk(step, max(self._last_size, data_size + len(tree)))
+        self._last_save_time = self._clock()
+        self._last_saved_step = step
+        self._last_size = data_size + len(tree)
+        blocking = (not self.asynchronous) if blocking is None else blocking
+        staged = self._stage(tensors, specs, data_size)
+        if staged and not blocking:
+            self._submit(step, tree, data_size)
+            return
+        data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else _direct_chunks(tensors, specs)
+        self.last_saved = write_checkpoint(self.directory, step, tree, data)
+        prune(self.directory, self.keep)
+
+    def _check_room_on_disk(self, step: int, needed: int) -> None:
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return
+        if free < needed + DISK_MARGIN:
+            raise CheckpointError(
+                f"not saving step {step}: {self.directory} has {free / 1e6:.1f} MB free and a checkpoint "
+                f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
+            )
+
+    def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int) -> bool:
+        if not self.asynchronous and not tensors:
+            return False
+        if data_size == 0:
+            return True
+        try:
+            if self._staging is None:
+                self._staging = _Staging()
+            if not self._staging.ensure(data_size):
+                log.warning(
+                    "not enough free memory to stage %.1f MB for an asynchronous save: saving synchronously",
+                    data_size / 1e6,
+                )
+                return False
+        except OSError as exc:
+            log.warning("cannot stage the checkpoint in memory (%s): saving synchronously", exc)
+            return False
+        self._staging.copy_in(tensors, specs)
+        return True
+
+    def _submit(self, step: int, tree: bytes, data_size: int) -> None:
+        if self._writer is None or not self._writer.alive():
+            fd = self._staging.fd if self._staging is not None else os.memfd_create("trainguard-empty", os.MFD_CLOEXEC)
+            self._writer = _Writer(fd)
+        self._writer.submit(
+            {
+                "directory": str(self.directory),
+                "step": step,
+                "time": time.time(),
+                "tree": tree,
+                "data_size": data_size,
+                "buffer_size": self._staging.size if self._staging is not None and data_size else 0,
+                "keep": self.keep,
+            }
+        )
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed."""
+        if self._writer is None:
+            return None
+        path = self._writer.wait()
+        if path is not None:
+            self.last_saved = path
+        return path
+
+    # ------------------------------------------------------------------ loading
+    def load_latest(self, map_location: str | None = "cpu") -> Any:
+        """The newest complete checkpoint whose files match their manifest, or None. Damaged ones are
+        skipped, logged and listed in ``self.damaged``. Tensors load on ``map_location``."""
+        self.wait()
+        for path in complete_checkpoints(self.directory):
+            try:
+                state = self._load(path, map_location)
+            except DamagedCheckpoint as exc:
+                self.damaged.append(str(exc))
+                log.warning("skipping damaged checkpoint: %s", exc)
+                continue
+            self._last_saved_step = step_of(path)
+            self._last_save_time = self._clock()
+            return state
+        return None
+
+    def latest_path(self) -> Path | None:
+        found = complete_checkpoints(self.directory)
+        return found[0] if found else None
+
+    @staticmethod
+    def _load(path: Path, map_location: str | None) -> Any:
+        manifest = read_manifest(path)
+        try:
+            tree = pickle.loads(read_verified(path, TREE_FILE, manifest))
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+            raise DamagedCheckpoint(f"{path.name}/{TREE_FILE}: {exc}") from exc
+        specs: list[_tree.TensorSpec] = tree["specs"]
+        if not specs:
+            return _tree.rebuild(tree["skeleton"], lambda index: None)
+        import torch
+
+        # Each tensor gets its own storage, read straight from the file: no second copy of the state
+        # in memory, and nothing later (torch.save, set_rng_state) sees a view into a shared buffer.
+        tensors = [torch.empty(spec.shape, dtype=getattr(torch, spec.dtype)) for spec in specs]
+        read_into(path, DATA_FILE, manifest, [(s.offset, _tree.raw_view(t)) for s, t in zip(specs, tensors)])
+
+        def make(index: int) -> Any:
+            device = map_location if map_location is not None else specs[index].device
+            return tensors[index] if device == "cpu" else tensors[index].to(device)
+
+        return _tree.rebuild(tree["skeleton"], make)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Finish the save in flight and stop the writer process. Called at exit, too."""
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+            for signum, previous in self._previous_handlers.items():
+                if (
+                    signal.getsignal(signum) == self._on_signal
+                    and threading.current_thread() is threading.main_thread()
+                ):
+                    signal.signal(signum, previous)
+            self._previous_handlers.clear()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
