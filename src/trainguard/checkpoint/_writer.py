@@ -10,6 +10,7 @@ the job must not cut a save short) and exits when the training process closes th
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import signal
@@ -50,10 +51,8 @@ def serve(connection: Connection, memfd: int) -> int:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
+    with contextlib.suppress(OSError):
         os.nice(5)  # the training loop comes first
-    except OSError:
-        pass
     return serve(Connection(int(argv[1])), int(argv[2]))
 
 
