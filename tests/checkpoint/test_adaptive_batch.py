@@ -83,7 +83,9 @@ def test_dict_batches_are_sliced_together(tmp_path: Path) -> None:
         assert len(micro["input"]) == len(micro["label"])
         weights.append(weight)
 
-    adaptive_batch(micro_step, batch_size=10, state_dir=tmp_path)({"input": torch.zeros(10, 2), "label": torch.zeros(10)})
+    adaptive_batch(micro_step, batch_size=10, state_dir=tmp_path)(
+        {"input": torch.zeros(10, 2), "label": torch.zeros(10)}
+    )
     assert gpu.sizes == [10, 5, 2, 2, 2, 2, 2]
     assert weights == [0.2] * 5
 

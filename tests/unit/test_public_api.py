@@ -26,6 +26,8 @@ def test_exported_names_are_pinned() -> None:
 
 
 def test_the_library_imports_neither_torch_nor_the_cli() -> None:
-    code = "import sys, trainguard; print(sorted(m for m in ('torch', 'click', 'rich', 'hyperscan') if m in sys.modules))"
+    code = (
+        "import sys, trainguard; print(sorted(m for m in ('torch', 'click', 'rich', 'hyperscan') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -4,6 +4,7 @@ themselves. See DESIGN section 5 for the contract; the on-disk form is in ``_for
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import mmap
 import os
@@ -48,6 +49,9 @@ MEMORY_MARGIN = 512 * 1024 * 1024
 DISK_MARGIN = 1024 * 1024
 
 
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
 class _Staging:
     """A growable shared buffer (memfd) that the writer process maps too; reused across saves, so
     its pages stay resident and the copy into it is a plain memcpy."""
@@ -67,10 +71,14 @@ class _Staging:
             return False
         new_size = int(size * 1.1) + mmap.PAGESIZE  # room for a state that grows a little
         os.ftruncate(self.fd, new_size)
+        # Allocate the pages and map them now, in bulk: faulting 1 GB of shared memory in page by
+        # page during the first copy took 2.9 s here, fallocate + MAP_POPULATE 1.5 s.
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(self.fd, 0, new_size)
         if self.map is not None:
             self.bytes_view = None
             self.map.close()
-        self.map = mmap.mmap(self.fd, new_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.map = mmap.mmap(self.fd, new_size, _MAP_FLAGS, mmap.PROT_READ | mmap.PROT_WRITE)
         self.size = new_size
         return True
 
@@ -123,6 +131,10 @@ class _Writer:
         if not reply["ok"]:
             raise CheckpointError(reply["error"])
         return Path(reply["path"])
+
+    def done(self) -> bool:
+        """Whether the save in flight has finished (its reply is waiting), without blocking."""
+        return self.in_flight is None or self.connection.poll()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -333,6 +345,11 @@ class Checkpointer:
                 "keep": self.keep,
             }
         )
+
+    @property
+    def saving(self) -> bool:
+        """Whether an asynchronous save is still being written (never blocks)."""
+        return self._writer is not None and not self._writer.done()
 
     def wait(self) -> Path | None:
         """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed."""
