@@ -17,7 +17,8 @@ import torch
 
 from trainguard import Checkpointer
 
-KILLS = 50
+# 50 in the suite; benchmarks/crash_safety.sh runs hundreds through the same test.
+KILLS = int(os.environ.get("TRAINGUARD_CRASH_KILLS", "50"))
 KEEP = 3
 
 TRAINER = """
@@ -45,7 +46,7 @@ def _wait_for_group_to_end(pgid: int) -> None:
     raise AssertionError("the checkpoint writer outlived its job by 30 s")
 
 
-def test_fifty_random_sigkills_never_leave_a_broken_or_partial_checkpoint(tmp_path: Path) -> None:
+def test_random_sigkills_never_leave_a_broken_or_partial_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(2026)
     folder = tmp_path / "ckpt"
     script = tmp_path / "trainer.py"
@@ -83,3 +84,4 @@ def test_fifty_random_sigkills_never_leave_a_broken_or_partial_checkpoint(tmp_pa
         # A kill between a new manifest and the pruning of the oldest leaves one extra, never more.
         assert len(complete) <= KEEP + 1, leftovers
     assert last_step > KILLS  # the runs made progress between the kills
+    print(f"{KILLS} random SIGKILLs: every restart found a complete checkpoint matching its step")

@@ -37,6 +37,7 @@ def serve(connection: Connection, memfd: int) -> int:
                 mapped = mmap.mmap(memfd, job["buffer_size"], flags, mmap.PROT_READ)
             data = [memoryview(mapped)[: job["data_size"]]] if job["data_size"] else []
             directory = Path(job["directory"])
+            prune(directory, job["keep"])  # what a kill between an earlier save and its pruning left
             path = write_checkpoint(directory, job["step"], job["tree"], data, wall_time=job["time"])
             reply = {"ok": True, "path": str(path)}
         except CheckpointError as exc:
