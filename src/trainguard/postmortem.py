@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
+from trainguard import causes
 from trainguard.diagnosis.classify import Diagnosis, classify
 from trainguard.diagnosis.evidence import (
     ExitStatus,
@@ -71,3 +73,24 @@ def investigate(
         mentioned_pids=mentioned,
     )
     return Report(classify(observations), lines, size, scanner.engine)
+
+
+def _evidence_json(obs: Observation) -> dict[str, Any]:
+    item: dict[str, Any] = {"source": obs.source, "line": obs.line, "text": obs.text}
+    if obs.file is not None:
+        item["file"] = obs.file
+    if obs.note is not None:
+        item["note"] = obs.note
+    return item
+
+
+def diagnosis_dict(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
+    cause = causes.get(diagnosis.cause)
+    return {
+        "cause": diagnosis.cause,
+        "confidence": diagnosis.confidence,
+        "title": cause.title_in(lang),
+        "evidence": [_evidence_json(o) for o in diagnosis.evidence],
+        "fixes": list(cause.fixes_in(lang)),
+        "alternatives": [{"cause": c, "confidence": conf} for c, conf in diagnosis.alternatives],
+    }

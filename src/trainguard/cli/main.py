@@ -18,14 +18,20 @@ def cli() -> None:
     """trainguard keeps GPU training jobs alive.
 
     \b
+    trainguard run -- CMD        run a job detached, watched, restarted and resumed
+    trainguard ps / status RUN   runs, their attempts and causes of death
+    trainguard logs RUN [-f]     a run's output
+    trainguard stop RUN          stop it, with time for a last checkpoint
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     """
 
 
 def _register() -> None:
     from trainguard.cli.diagnose import diagnose
+    from trainguard.cli.runs import logs, ps, run, status, stop
 
-    cli.add_command(diagnose)
+    for command in (run, ps, status, logs, stop, diagnose):
+        cli.add_command(command)
 
 
 def _fail(message: str, code: int) -> int:
@@ -37,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     _register()
     lang = choose_language(None, os.environ)
     try:
-        result = cli.main(args=argv, prog_name="trainguard", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        result = cli.main(args=args, prog_name="trainguard", standalone_mode=False, obj={"argv": args})
     except TrainguardError as exc:
         return _fail(exc.message(lang), exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:

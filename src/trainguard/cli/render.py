@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from trainguard import causes
 from trainguard.diagnosis.classify import Diagnosis
 from trainguard.diagnosis.evidence import Observation
-from trainguard.postmortem import Report
+from trainguard.postmortem import Report, diagnosis_dict
 
 _LABELS = {
     "en": {
@@ -31,27 +30,6 @@ _LABELS = {
 
 
 _SHOWN_TEXT = 200  # characters of an evidence line on a terminal; --json carries more
-
-
-def _evidence_json(obs: Observation) -> dict[str, Any]:
-    item: dict[str, Any] = {"source": obs.source, "line": obs.line, "text": obs.text}
-    if obs.file is not None:
-        item["file"] = obs.file
-    if obs.note is not None:
-        item["note"] = obs.note
-    return item
-
-
-def diagnosis_dict(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
-    cause = causes.get(diagnosis.cause)
-    return {
-        "cause": diagnosis.cause,
-        "confidence": diagnosis.confidence,
-        "title": cause.title_in(lang),
-        "evidence": [_evidence_json(o) for o in diagnosis.evidence],
-        "fixes": list(cause.fixes_in(lang)),
-        "alternatives": [{"cause": c, "confidence": conf} for c, conf in diagnosis.alternatives],
-    }
 
 
 def diagnosis_json(diagnosis: Diagnosis, lang: str) -> str:

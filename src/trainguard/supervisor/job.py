@@ -1,0 +1,84 @@
+"""What one attempt of a job is given: its command line, its environment, the checkpoint it resumes
+from. Pure functions of data, except ``find_resume`` which looks at the checkpoint folder."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.checkpoint._format import complete_checkpoints
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    command: tuple[str, ...]
+    cwd: str
+    checkpoint_dir: str
+    checkpoint_glob: str | None = None
+    resume_arg: str | None = None
+    hang_timeout_s: float | None = None
+    grace_s: float = 120.0
+    stop_signal: int = 15
+    memory_limit: int | None = None
+
+
+def job_environment(
+    base: Mapping[str, str],
+    *,
+    run_id: str,
+    attempt: int,
+    restart_cause: str | None,
+    checkpoint_dir: str,
+    resume_from: str | None,
+    batch_scale: float,
+    error_file: str,
+) -> dict[str, str]:
+    env = dict(base)
+    env.update(
+        TRAINGUARD_RUN_ID=run_id,
+        TRAINGUARD_ATTEMPT=str(attempt),
+        TRAINGUARD_CHECKPOINT_DIR=checkpoint_dir,
+        TRAINGUARD_BATCH_SCALE=f"{batch_scale:g}",
+        TRAINGUARD_ERROR_FILE=error_file,
+    )
+    for name, value in (("TRAINGUARD_RESTART_CAUSE", restart_cause), ("TRAINGUARD_RESUME_FROM", resume_from)):
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    # The last lines before a kill must reach the log, and a native crash must leave a Python stack.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    return env
+
+
+def job_argv(command: tuple[str, ...], resume_arg: str | None, resume_from: str | None) -> list[str]:
+    """The command, with ``--resume-arg`` (e.g. "--resume {checkpoint}") appended when resuming."""
+    argv = list(command)
+    if resume_arg and resume_from:
+        argv += [part.replace("{checkpoint}", resume_from) for part in shlex.split(resume_arg)]
+    return argv
+
+
+def find_resume(checkpoint_dir: str, checkpoint_glob: str | None, *, settle_s: float = 0.2) -> str | None:
+    """The newest complete checkpoint: a Checkpointer folder with its manifest, or with
+    ``--checkpoint-glob`` the newest matching file whose size is not changing (still being written)."""
+    if checkpoint_glob is None:
+        found = complete_checkpoints(Path(checkpoint_dir))
+        return str(found[0]) if found else None
+    pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
+    candidates = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=os.path.getmtime, reverse=True)
+    for path in candidates:
+        try:
+            size = os.path.getsize(path)
+            time.sleep(settle_s)
+            if os.path.getsize(path) == size and size > 0:
+                return path
+        except OSError:
+            continue
+    return None

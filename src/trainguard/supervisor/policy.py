@@ -1,0 +1,87 @@
+"""When to restart a job that died. Pure: outcomes and a policy in, a decision out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainguard.causes import Cause, Retry
+
+BACKOFF_BASE_S = 2.0
+BACKOFF_CAP_S = 300.0
+CRASH_LOOP_DEATHS = 3  # this many deaths in a row without progress end the run
+STARTUP_LINES = 20  # output beyond this many lines counts as progress
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    mode: str = "on-failure"  # never | on-failure | always
+    max_restarts: int = 10
+    retry_overrides: Mapping[str, Retry] = field(default_factory=dict)
+    backoff_base_s: float = BACKOFF_BASE_S
+    backoff_cap_s: float = BACKOFF_CAP_S
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended, as the policy needs it."""
+
+    exit_code: int | None
+    signal: int | None
+    cause: str | None
+    stopped_by_user: bool = False
+    new_checkpoint: bool = False
+    new_lines: int = 0
+
+    @property
+    def succeeded(self) -> bool:
+        return not self.stopped_by_user and self.exit_code == 0 and self.signal is None
+
+    @property
+    def progressed(self) -> bool:
+        return self.new_checkpoint or self.new_lines > STARTUP_LINES
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    final_state: str | None  # succeeded | failed | stopped, when not restarting
+    reason: str
+    delay_s: float = 0.0
+    batch_scale: float = 1.0  # multiply TRAINGUARD_BATCH_SCALE by this for the next attempt
+
+
+def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[str, Cause]) -> Decision:
+    last = history[-1]
+    if last.stopped_by_user:
+        return Decision(False, "stopped", "stopped on request")
+    if last.succeeded:
+        if policy.mode == "always" and len(history) - 1 < policy.max_restarts:
+            return Decision(True, None, "exited 0; --restart always", policy.backoff_base_s)
+        return Decision(False, "succeeded", "exited 0")
+    cause_id = last.cause or "unknown"
+    if policy.mode == "never":
+        return Decision(False, "failed", f"died ({cause_id}); --restart never")
+    restarts = len(history) - 1
+    if restarts >= policy.max_restarts:
+        return Decision(
+            False, "failed", f"died ({cause_id}) after {restarts} restarts (--max-restarts {policy.max_restarts})"
+        )
+    cause = causes[cause_id]
+    retry = policy.retry_overrides.get(cause_id, cause.retry)
+    if retry is Retry.NO:
+        return Decision(False, "failed", f"{cause_id}: a restart cannot help; fix it first")
+    if retry is Retry.ONCE and len(history) >= 2 and history[-2].cause == cause_id and not history[-2].succeeded:
+        return Decision(False, "failed", f"{cause_id} twice in a row: not retrying again")
+    deaths_without_progress = 0
+    for outcome in reversed(history):
+        if outcome.progressed or outcome.succeeded:
+            break
+        deaths_without_progress += 1
+    if deaths_without_progress >= CRASH_LOOP_DEATHS:
+        return Decision(
+            False, "failed",
+            f"crash loop: {deaths_without_progress} deaths in a row without a new checkpoint or output beyond start-up",
+        )  # fmt: skip
+    delay = min(policy.backoff_cap_s, policy.backoff_base_s * 2 ** max(0, deaths_without_progress - 1))
+    return Decision(True, None, f"{cause_id}: restarting", cause.retry_pause_s + delay, cause.batch_scale)

@@ -1,0 +1,330 @@
+"""The supervisor: runs a job attempt after attempt, names each death, restarts by policy, resumes.
+
+The job runs in its own session with its output going straight into the run's log file (O_APPEND,
+no pipe), so neither a closed terminal nor the supervisor's own death can take it down. Signal
+handlers only record; the loop acts on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+from trainguard import causes
+from trainguard.diagnosis.evidence import ExitStatus, Observation
+from trainguard.diagnosis.scan import read_blocks
+from trainguard.diagnosis.signatures import Role
+from trainguard.postmortem import LogSource, diagnosis_dict, investigate
+from trainguard.probes import kernel_log
+from trainguard.store.registry import Attempt, Registry, Run
+from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
+from trainguard.supervisor.policy import Decision, Outcome, RestartPolicy, decide
+from trainguard.supervisor.states import RunState, check_transition
+
+POLL_S = 0.1
+TREE_SAMPLE_S = 1.0  # how often the job's process tree is read (for kernel records that name a child)
+KERNEL_SLACK_S = 5.0
+
+
+@dataclass
+class _AttemptWatch:
+    """What the supervisor learns while one attempt runs."""
+
+    process: subprocess.Popen
+    started_mono: float
+    log_offset: int
+    checkpoint_before: str | None
+    pids: set[int] = field(default_factory=set)
+    last_progress_mono: float = 0.0
+    last_log_size: int = 0
+    last_checkpoint: str | None = None
+    hung: bool = False
+
+
+class Supervisor:
+    def __init__(
+        self,
+        registry: Registry,
+        run: Run,
+        options: JobOptions,
+        policy: RestartPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.registry = registry
+        self.run = run
+        self.options = options
+        self.policy = policy
+        self.clock = clock
+        self.sleep = sleep
+        self.state = RunState(run.state)
+        self.stop_requested: int | None = None
+        self.history: list[Outcome] = []
+        self.batch_scale = 1.0
+
+    # ------------------------------------------------------------------ signals
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is no reason to stop
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, _frame: object) -> None:
+        self.stop_requested = signum
+
+    # ------------------------------------------------------------------ state
+    def _transition(self, new: RunState, reason: str | None = None, **data: object) -> None:
+        check_transition(self.state, new)
+        self.state = new
+        self.registry.set_state(self.run.id, new.value, reason=reason, data=dict(data))
+
+    def _log_marker(self, text: str) -> None:
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.run.log_path, "a", encoding="utf-8") as log:
+            log.write(f"==== trainguard {stamp} · {text} ====\n")
+
+    # ------------------------------------------------------------------ the loop
+    def supervise(self) -> RunState:
+        self.registry.update_run(self.run.id, supervisor_pid=os.getpid())
+        Path(self.options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        attempt_n = len(self.run.attempts)
+        restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
+        while True:
+            attempt_n += 1
+            if self.stop_requested is not None:
+                self._transition(RunState.STOPPED, "stopped on request before the attempt started")
+                return self.state
+            outcome, attempt = self._run_attempt(attempt_n, restart_cause)
+            self.history.append(outcome)
+            decision = decide(self.history, self.policy, causes.catalogue())
+            self.registry.event(self.run.id, "decision", {"restart": decision.restart, "reason": decision.reason,
+                                                           "delay_s": decision.delay_s})  # fmt: skip
+            if not decision.restart:
+                final = RunState(decision.final_state)
+                self._transition(final, decision.reason)
+                self._log_marker(f"run {final.value}: {decision.reason}")
+                return final
+            restart_cause = attempt.cause
+            self.batch_scale *= decision.batch_scale
+            self._transition(RunState.BACKOFF, decision.reason, delay_s=decision.delay_s)
+            if not self._wait_backoff(decision):
+                self._transition(RunState.STOPPED, "stopped on request during backoff")
+                return self.state
+            self._transition(RunState.STARTING)
+
+    def _wait_backoff(self, decision: Decision) -> bool:
+        deadline = self.clock() + decision.delay_s
+        while self.clock() < deadline:
+            if self.stop_requested is not None:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - self.clock())))
+        return self.stop_requested is None
+
+    def _run_attempt(self, n: int, restart_cause: str | None) -> tuple[Outcome, Attempt]:
+        opts = self.options
+        resume_from = find_resume(opts.checkpoint_dir, opts.checkpoint_glob)
+        error_file = os.path.join(self.run.run_dir, f"attempt-{n}.error.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(error_file)
+        env = job_environment(
+            os.environ,
+            run_id=self.run.id,
+            attempt=n,
+            restart_cause=restart_cause,
+            checkpoint_dir=opts.checkpoint_dir,
+            resume_from=resume_from,
+            batch_scale=self.batch_scale,
+            error_file=error_file,
+        )
+        marker = f"attempt {n}"
+        if restart_cause:
+            marker += f" · previous attempt died: {restart_cause}"
+        marker += f" · resuming from {resume_from}" if resume_from else " · starting fresh"
+        self._log_marker(marker)
+        log_fd = os.open(self.run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        log_offset = os.fstat(log_fd).st_size
+        started_wall = time.time()
+        try:
+            process = subprocess.Popen(
+                job_argv(opts.command, opts.resume_arg, resume_from),
+                cwd=opts.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,  # its own session: no terminal's SIGHUP reaches it
+            )
+        finally:
+            os.close(log_fd)
+        attempt = Attempt(
+            n=n, started_at=started_wall, pid=process.pid, resumed_from=resume_from, log_offset=log_offset
+        )
+        self.registry.start_attempt(self.run.id, attempt)
+        if self.state is not RunState.RUNNING:
+            self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
+
+        watch = _AttemptWatch(process, self.clock(), log_offset, resume_from, {process.pid})
+        watch.last_progress_mono = watch.started_mono
+        watch.last_log_size = log_offset
+        watch.last_checkpoint = resume_from
+        returncode = self._watch(watch, n)
+        stopped = self.stop_requested is not None and not watch.hung
+
+        status = ExitStatus.from_number(returncode) if returncode is not None else None
+        attempt.ended_at = time.time()
+        attempt.exit_code = status.code if status else None
+        attempt.signal = status.signal if status else None
+        new_checkpoint = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0) not in (None, resume_from)
+        new_lines = self._count_lines(log_offset)
+        if returncode == 0 or stopped:
+            attempt.cause = None
+        else:
+            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file)
+            attempt.cause = diagnosis["cause"]
+            attempt.confidence = diagnosis["confidence"]
+            attempt.diagnosis = diagnosis
+        self.registry.end_attempt(self.run.id, attempt)
+        outcome = Outcome(
+            exit_code=attempt.exit_code,
+            signal=attempt.signal,
+            cause=attempt.cause,
+            stopped_by_user=stopped,
+            new_checkpoint=new_checkpoint,
+            new_lines=new_lines,
+        )
+        return outcome, attempt
+
+    # ------------------------------------------------------------------ watching one attempt
+    def _watch(self, watch: _AttemptWatch, n: int) -> int:
+        next_tree_sample = self.clock()
+        while True:
+            returncode = watch.process.poll()
+            if returncode is not None:
+                return returncode
+            now = self.clock()
+            if self.stop_requested is not None and self.state is not RunState.STOPPING:
+                self._transition(RunState.STOPPING, f"signal {self.stop_requested}")
+                return self._stop_group(watch)
+            if now >= next_tree_sample:
+                watch.pids |= _descendants(watch.process.pid)
+                next_tree_sample = now + TREE_SAMPLE_S
+                self._check_progress(watch, now)
+                if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
+                    watch.hung = True
+                    self._dump_stacks(watch, n)
+                    self.registry.event(self.run.id, "hang", {"attempt": n, "silent_s": now - watch.last_progress_mono})
+                    return self._stop_group(watch)
+            self.sleep(POLL_S)
+
+    def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
+        try:
+            size = os.path.getsize(self.run.log_path)
+        except OSError:
+            size = watch.last_log_size
+        latest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        if size != watch.last_log_size or latest != watch.last_checkpoint:
+            watch.last_log_size = size
+            watch.last_checkpoint = latest
+            watch.last_progress_mono = now
+
+    def _stop_group(self, watch: _AttemptWatch) -> int:
+        """Stop signal to the job's process group, the grace period for a checkpoint, then SIGKILL."""
+        pgid = watch.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, self.options.stop_signal)
+        deadline = self.clock() + self.options.grace_s
+        while self.clock() < deadline:
+            returncode = watch.process.poll()
+            if returncode is not None:
+                break
+            self.sleep(POLL_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)  # what is left of the group (workers, writers) goes too
+        return watch.process.wait()
+
+    def _dump_stacks(self, watch: _AttemptWatch, n: int) -> None:
+        target = Path(self.run.run_dir) / f"hang-attempt-{n}.txt"
+        py_spy = shutil.which("py-spy")
+        if py_spy is None:
+            target.write_text("py-spy is not installed (pip install py-spy): no stacks could be dumped\n")
+            self._log_marker(f"no progress for {self.options.hang_timeout_s:g} s; py-spy not installed, no stacks")
+            return
+        with open(target, "w", encoding="utf-8") as out:
+            for pid in sorted(watch.pids):
+                out.write(f"--- process {pid} ---\n")
+                out.flush()
+                subprocess.run([py_spy, "dump", "--pid", str(pid)], stdout=out, stderr=subprocess.STDOUT,
+                               timeout=30, check=False)  # fmt: skip
+        self._log_marker(f"no progress for {self.options.hang_timeout_s:g} s; stacks in {target}")
+
+    # ------------------------------------------------------------------ after a death
+    def _count_lines(self, offset: int) -> int:
+        count = 0
+        with open(self.run.log_path, "rb") as log:
+            log.seek(offset)
+            for block in read_blocks(log):
+                count += block.count(b"\n")
+        return count
+
+    def _diagnose(
+        self, watch: _AttemptWatch, status: ExitStatus | None, started: float, ended: float, error_file: str
+    ) -> dict:
+        extra: list[Observation] = []
+        if watch.hung:
+            extra.append(
+                Observation(
+                    source="telemetry",
+                    cause="hang",
+                    weight=0.99,
+                    role=Role.ROOT,
+                    rule="supervisor:hang",
+                    text=f"no new output and no new checkpoint for {self.options.hang_timeout_s:g} s",
+                )
+            )
+        sources = []
+        with open(self.run.log_path, "rb") as log:
+            log.seek(watch.log_offset)
+            sources.append(LogSource(None, list(read_blocks(log))))
+        error_text = _error_file_text(error_file)
+        if error_text:
+            sources.append(LogSource("error file", [error_text.encode()]))
+        try:
+            lines, _ = kernel_log.read_live()
+            kernel_lines = kernel_log.in_window(lines, started - KERNEL_SLACK_S, ended + KERNEL_SLACK_S)
+        except kernel_log.KernelLogUnavailable:
+            kernel_lines = []
+        report = investigate(
+            sources,
+            exit_status=None if watch.hung else status,
+            kernel_lines=[k for k in kernel_lines if k.time is not None],
+            job_pids=watch.pids,
+            extra=extra,
+        )
+        return diagnosis_dict(report.diagnosis, "en")
+
+
+def _error_file_text(path: str) -> str | None:
+    import json
+
+    try:
+        payload = json.loads(Path(path).read_text())
+        return f"{payload['type']}: {payload['message']}\n"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
