@@ -9,7 +9,7 @@ import click
 
 from trainguard import __version__
 from trainguard._i18n import choose_language
-from trainguard.errors import TrainguardError
+from trainguard.errors import TrainguardError, UsageError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -34,6 +34,15 @@ def _register() -> None:
         cli.add_command(command)
 
 
+def _require_separator(args: list[str]) -> None:
+    """`trainguard run python train.py --lr 1` would read the job's options as ours: insist on --."""
+    if args[:1] == ["run"] and "--" not in args and not {"-h", "--help"} & set(args):
+        raise UsageError(
+            "put -- before the job's command: trainguard run [OPTIONS] -- CMD [ARGS]...",
+            "请在作业命令前加 --：trainguard run [选项] -- 命令 [参数]...",
+        )
+
+
 def _fail(message: str, code: int) -> int:
     click.echo(f"trainguard: {message}", err=True)
     return code
@@ -44,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     lang = choose_language(None, os.environ)
     try:
         args = sys.argv[1:] if argv is None else argv
+        _require_separator(args)
         result = cli.main(args=args, prog_name="trainguard", standalone_mode=False, obj={"argv": args})
     except TrainguardError as exc:
         return _fail(exc.message(lang), exc.exit_code)

@@ -138,8 +138,7 @@ def _registry() -> Registry:
 @click.option("--foreground", is_flag=True, help="Supervise here (containers, Slurm, systemd) instead of detaching.")
 @click.option("--follow", is_flag=True, help="Detach, then follow the log (Ctrl+C stops following, not the job).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-@click.pass_context
-def run(ctx: click.Context, name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, resume_arg,
+def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, resume_arg,
         hang_timeout, memory_limit, grace, stop_signal, foreground, follow, command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
@@ -149,12 +148,6 @@ def run(ctx: click.Context, name, restart, max_restarts, retry, checkpoint_dir, 
       trainguard run --name vit --hang-timeout 30m --resume-arg "--resume {checkpoint}" -- python train.py
       srun trainguard run --foreground -- python train.py
     """
-    raw = (ctx.obj or {}).get("argv", sys.argv[1:])
-    if "--" not in raw:
-        raise UsageError(
-            "put -- before the job's command: trainguard run [OPTIONS] -- CMD [ARGS]...",
-            "请在作业命令前加 --：trainguard run [选项] -- 命令 [参数]...",
-        )
     if memory_limit is not None:
         raise UsageError("--memory-limit is not available yet in this version", "此版本暂不支持 --memory-limit")
     if foreground and follow:

@@ -1,0 +1,338 @@
+"""`trainguard run` against real failures: a closed terminal, a killed supervisor, SIGTERM with a
+checkpoint in the grace period, a cgroup OOM kill resumed from its checkpoint, a hang, a bug, a full
+disk, a 1 MB /dev/shm. Real processes, real signals, the real kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.real import faults
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch) -> Path:
+    folder = tmp_path / "state"
+    monkeypatch.setenv("TRAINGUARD_HOME", str(folder))
+    return folder
+
+
+def tg(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainguard", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, **kwargs)  # fmt: skip
+
+
+def status(ref: str) -> dict:
+    done = tg("status", ref, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def run_id_from(output: str) -> str:
+    return output.split("started run ", 1)[1].split()[0]
+
+
+TICKER = """
+    import time
+    for step in range(100_000):
+        print("step", step, flush=True)
+        time.sleep(0.05)
+"""
+
+
+def _kill_group(pid: int | None) -> None:
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_job_started_from_a_terminal_survives_the_terminal_closing(tmp_path: Path, home: Path) -> None:
+    job = script(tmp_path, "ticker.py", TICKER)
+    pid, master = pty.fork()
+    if pid == 0:  # pragma: no cover - the child: an SSH session's shell running trainguard
+        os.execvpe(sys.executable, [sys.executable, "-m", "trainguard", "run", "--", sys.executable, job], os.environ)
+    output = b""
+    while b"status:" not in output:
+        ready, _, _ = select.select([master], [], [], 30)
+        assert ready, output
+        output += os.read(master, 4096)
+    os.waitpid(pid, 0)
+    os.close(master)  # the SSH connection drops: the terminal hangs up
+    run_id = run_id_from(output.decode())
+    info = status(run_id)
+    log = Path(info["log_path"])
+    size = log.stat().st_size
+    time.sleep(1.5)
+    try:
+        assert log.stat().st_size > size, "the job stopped logging after the terminal closed"
+        assert status(run_id)["state"] == "running"
+    finally:
+        assert tg("stop", run_id).returncode == 0
+    final = status(run_id)
+    assert final["state"] == "stopped" and final["attempts"][0]["cause"] is None
+
+
+def test_the_job_outlives_a_supervisor_killed_with_sigkill(tmp_path: Path, home: Path) -> None:
+    job = script(tmp_path, "ticker.py", TICKER)
+    started = tg("run", "--", sys.executable, job)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_from(started.stdout)
+    info = status(run_id)
+    registry_row = json.loads(tg("ps", "--json").stdout)[0]
+    assert registry_row["id"] == run_id
+    job_pid = info["pid"]
+    supervisor_pid = _supervisor_pid(home, run_id)
+    try:
+        os.kill(supervisor_pid, signal.SIGKILL)
+        wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+        log = Path(info["log_path"])
+        size = log.stat().st_size
+        time.sleep(1.0)
+        assert log.stat().st_size > size, "the job stopped logging when its supervisor died"
+        os.kill(job_pid, 0)  # still alive
+    finally:
+        _kill_group(job_pid)
+
+
+def _supervisor_pid(home: Path, run_id: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(home / "runs.sqlite") as db:
+        return db.execute("SELECT supervisor_pid FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+
+
+CHECKPOINTING = """
+    import os, time
+    from trainguard import Checkpointer
+    ckpt = Checkpointer(every="1h")
+    state = ckpt.load_latest()
+    start = state["step"] + 1 if state else 0
+    print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "from", start, flush=True)
+    for step in range(start, 100_000):
+        print("step", step, flush=True)
+        ckpt.maybe_save(step, lambda: {"step": step})
+        if ckpt.stop_requested:
+            print("saved at step", step, flush=True)
+            break
+        time.sleep(0.05)
+"""
+
+
+def test_sigterm_to_the_run_lets_the_job_checkpoint_within_the_grace_and_ends_stopped(
+    tmp_path: Path, home: Path
+) -> None:
+    job = script(tmp_path, "train.py", CHECKPOINTING)
+    started = tg("run", "--grace", "30s", "--", sys.executable, job)
+    run_id = run_id_from(started.stdout)
+    log = Path(status(run_id)["log_path"])
+    wait_for(lambda: b"step 10" in log.read_bytes(), what="step 10")
+    stopped = tg("stop", run_id)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    final = status(run_id)
+    assert final["state"] == "stopped" and len(final["attempts"]) == 1
+    saved_at = int(log.read_text().split("saved at step ")[1].split()[0])
+    checkpoints = sorted((home / "runs" / run_id / "checkpoints").glob("step-*"))
+    assert checkpoints and int(checkpoints[-1].name.split("-")[1]) == saved_at
+    # a second stop of a stopped run is refused in one line
+    again = tg("stop", run_id)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+
+
+def test_an_exception_in_the_code_is_not_restarted_and_is_named(tmp_path: Path, home: Path) -> None:
+    job = script(
+        tmp_path,
+        "buggy.py",
+        """
+        import trainguard  # under trainguard run this records the exception in the error file
+        print("step 0", flush=True)
+        labels = {"cat": 0}
+        print(labels["bird"])
+    """,
+    )
+    done = tg("run", "--foreground", "--", sys.executable, job)
+    assert done.returncode == 1
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert run["state"] == "failed" and len(run["attempts"]) == 1
+    assert run["attempts"][0]["cause"] == "python_error"
+    assert Path(home / "runs" / run["id"] / "attempt-1.error.json").exists()
+
+
+def test_a_cgroup_oom_kill_is_host_oom_and_the_next_attempt_resumes_from_the_checkpoint(
+    tmp_path: Path, home: Path
+) -> None:
+    if reason := faults.why_no_memory_cgroup():
+        pytest.skip(reason)
+    job = script(
+        tmp_path,
+        "train.py",
+        """
+        import os
+        from trainguard import Checkpointer
+        ckpt = Checkpointer(every=None, every_steps=1)
+        state = ckpt.load_latest()
+        start = state["step"] + 1 if state else 0
+        print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "resume", os.environ.get("TRAINGUARD_RESUME_FROM"), flush=True)
+        for step in range(start, 12):
+            ckpt.maybe_save(step, {"step": step})
+            ckpt.wait()
+            print("step", step, flush=True)
+            if step == 5 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
+                hog = []
+                while True:
+                    hog.append(bytearray(16 * 1024 * 1024))
+        print("finished", flush=True)
+    """,
+    )
+    with faults.memory_cgroup(160 * 1024 * 1024) as procs:
+        # The supervisor and its job run inside the limit, like a job in a container.
+        done = subprocess.run(
+            ["bash", "-c", f'echo $$ > {procs}; exec "{sys.executable}" -m trainguard run --foreground -- "{sys.executable}" {job}'],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    first, second = run["attempts"]
+    assert first["signal"] == signal.SIGKILL and first["cause"] == "host_oom"
+    assert first["confidence"] >= 0.99  # the kernel's OOM record names the job's process
+    assert second["resumed_from"].endswith("step-000000000005")
+    log = Path(run["log_path"]).read_text()
+    assert "previous attempt died: host_oom" in log and "finished" in log
+    assert run["state"] == "succeeded"
+
+
+def test_a_hung_job_is_detected_its_stacks_dumped_and_restarted(tmp_path: Path, home: Path) -> None:
+    job = script(
+        tmp_path,
+        "hang.py",
+        """
+        import os, time
+        print("attempt", os.environ["TRAINGUARD_ATTEMPT"], flush=True)
+        if os.environ["TRAINGUARD_ATTEMPT"] == "1":
+            time.sleep(3600)  # a collective that never completes
+        print("finished", flush=True)
+    """,
+    )
+    done = tg("run", "--foreground", "--hang-timeout", "2s", "--grace", "2s", "--", sys.executable, job)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert [a["cause"] for a in run["attempts"]] == ["hang", None]
+    assert run["state"] == "succeeded"
+    dump = (home / "runs" / run["id"] / "hang-attempt-1.txt").read_text()
+    assert "py-spy" in dump or "Thread" in dump
+
+
+def test_checkpoints_to_a_full_disk_are_disk_full_and_not_retried(tmp_path: Path, home: Path) -> None:
+    pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
+    if reason := faults.why_no_root():
+        pytest.skip(f"mounting a small tmpfs {reason}")
+    job = script(
+        tmp_path,
+        "save.py",
+        """
+        import os, torch
+        print("step 1000: saving", flush=True)
+        torch.save({"w": torch.ones(1 << 20)}, os.path.join(os.environ["TRAINGUARD_CHECKPOINT_DIR"], "model.pt"))
+    """,
+    )
+    with faults.small_tmpfs(tmp_path / "ckpt", "1m") as folder:
+        done = tg("run", "--foreground", "--checkpoint-dir", str(folder), "--", sys.executable, job)
+    assert done.returncode == 1
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert [a["cause"] for a in run["attempts"]] == ["disk_full"]
+
+
+def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted_and_not_retried(tmp_path: Path, home: Path) -> None:
+    pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
+    if reason := faults.why_no_mount_namespace():
+        pytest.skip(reason)
+    job = script(
+        tmp_path,
+        "loader.py",
+        """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        class Images(Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, index):
+                return torch.ones(3, 256, 256)
+        for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
+            print("step", step, flush=True)
+    """,
+    )
+    command = faults.with_tiny_dev_shm([sys.executable, "-m", "trainguard", "run", "--foreground", "--",
+                                        sys.executable, job])  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 1, done.stderr
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert [a["cause"] for a in run["attempts"]] == ["shm_exhausted"]
+
+
+def test_bad_input_is_one_line_and_leaves_no_run(tmp_path: Path, home: Path) -> None:
+    cases = [
+        (["run", sys.executable, "-c", "pass"], "put --"),
+        (["run", "--", "no-such-program-xyz"], "command not found"),
+        (["run", "--", str(tmp_path)], "not an executable"),
+        (["run", "--", "./missing.sh"], "no such command"),
+        (["run", "--hang-timeout", "soon", "--", "true"], "--hang-timeout"),
+        (["run", "--grace", "-5s", "--", "true"], "--grace"),
+        (["run", "--retry", "oom=maybe", "--", "true"], "--retry"),
+        (["status", "nosuchrun"], "no run"),
+        (["logs", "nosuchrun"], "no run"),
+        (["stop", "nosuchrun"], "no run"),
+    ]
+    for args, message in cases:
+        done = tg(*args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and message in done.stderr and "Traceback" not in done.stderr, args
+    assert json.loads(tg("ps", "--json").stdout) == []
+
+
+def test_an_unwritable_state_dir_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TRAINGUARD_HOME", str(blocker / "state"))
+    done = tg("run", "--", "true")
+    assert done.returncode == 2 and "state folder" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_two_stops_at_once_one_wins_and_the_other_says_so(tmp_path: Path, home: Path) -> None:
+    job = script(tmp_path, "ticker.py", TICKER)
+    run_id = run_id_from(tg("run", "--", sys.executable, job).stdout)
+    first = subprocess.Popen([sys.executable, "-m", "trainguard", "stop", run_id], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    second = subprocess.Popen([sys.executable, "-m", "trainguard", "stop", run_id], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    results = sorted([first.wait(60), second.wait(60)])
+    assert results == [0, 2]
+    assert status(run_id)["state"] == "stopped"
