@@ -4,6 +4,7 @@ disk, a 1 MB /dev/shm. Real processes, real signals, the real kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -70,10 +71,8 @@ TICKER = """
 
 def _kill_group(pid: int | None) -> None:
     if pid:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_a_job_started_from_a_terminal_survives_the_terminal_closing(tmp_path: Path, home: Path) -> None:
