@@ -335,3 +335,54 @@ def test_two_stops_at_once_one_wins_and_the_other_says_so(tmp_path: Path, home: 
     results = sorted([first.wait(60), second.wait(60)])
     assert results == [0, 2]
     assert status(run_id)["state"] == "stopped"
+
+
+def test_memory_limit_puts_the_job_in_its_own_cgroup_and_names_the_kill(tmp_path: Path, home: Path) -> None:
+    if reason := faults.why_no_memory_cgroup():
+        pytest.skip(reason)
+    job = script(
+        tmp_path,
+        "grow.py",
+        """
+        import os
+        attempt = int(os.environ["TRAINGUARD_ATTEMPT"])
+        print("attempt", attempt, flush=True)
+        hog = [bytearray(16 * 1024 * 1024) for _ in range(20 if attempt == 1 else 2)]  # 320 MB, then 32 MB
+        print("finished", flush=True)
+    """,
+    )
+    done = tg("run", "--foreground", "--memory-limit", "128M", "--", sys.executable, job)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    first = run["attempts"][0]
+    assert first["signal"] == signal.SIGKILL and first["cause"] == "host_oom" and first["confidence"] >= 0.99
+    assert run["state"] == "succeeded" and len(run["attempts"]) == 2
+
+
+def test_diagnose_a_run_by_its_id(tmp_path: Path, home: Path) -> None:
+    job = script(
+        tmp_path,
+        "crash.py",
+        """
+        import ctypes
+        print("step 1", flush=True)
+        ctypes.string_at(0)
+    """,
+    )
+    tg("run", "--foreground", "--restart", "never", "--", sys.executable, "-X", "faulthandler", job)
+    run_id = json.loads(tg("ps", "--json").stdout)[0]["id"]
+    result = json.loads(tg("diagnose", run_id, "--json").stdout)
+    assert result["cause"] == "segfault"
+    assert {"log", "exit"} <= {e["source"] for e in result["evidence"]}
+
+
+def test_a_run_left_running_by_an_earlier_boot_is_closed_as_node_reboot(tmp_path: Path, home: Path) -> None:
+    from trainguard.store.registry import Attempt, Registry
+
+    registry = Registry(home)
+    run = registry.create_run(["python", "train.py"], name="before-reboot", cwd=str(tmp_path), options={})
+    registry.update_run(run.id, boot_id="00000000-previous-boot", state="running")
+    registry.start_attempt(run.id, Attempt(n=1, started_at=time.time() - 3600, pid=999_999))
+    info = json.loads(tg("status", "before-reboot", "--json").stdout)
+    assert info["state"] == "failed" and "node_reboot" in info["reason"]
+    assert info["attempts"][0]["cause"] == "node_reboot"

@@ -118,3 +118,17 @@ def test_exit_status_numbers_follow_shell_and_python_conventions() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad} accepted")
+
+
+def test_an_oom_summary_without_a_pid_does_not_blame_a_job_with_known_pids() -> None:
+    kernel = [
+        KernelLine("python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0"),
+        KernelLine("Memory cgroup out of memory: Killed process 999 (python3) total-vm:82132kB, anon-rss:65152kB"),
+    ]
+    result = investigate(
+        [LogSource(None, [b"Fatal Python error: Segmentation fault\n"])],
+        exit_status=ExitStatus.from_number(-11),
+        kernel_lines=kernel,
+        job_pids={4242},
+    ).diagnosis
+    assert result.cause == "segfault"

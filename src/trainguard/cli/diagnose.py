@@ -14,7 +14,7 @@ from trainguard._i18n import LANGUAGES, choose_language
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.errors import InputError, UsageError
-from trainguard.postmortem import LogSource, investigate
+from trainguard.postmortem import LogSource, Report, investigate
 from trainguard.probes import kernel_log
 from trainguard.probes.log_files import open_log
 
@@ -107,6 +107,10 @@ def diagnose(
             )
         targets = ("-",)
     now = time.time()
+    if len(targets) == 1 and targets[0] != "-" and not os.path.lexists(targets[0]):
+        report = _diagnose_run(targets[0], exit_status)
+        if report is not None:
+            return _print(report, as_json, lang)
     warnings: list[str] = []
     with ExitStack() as stack:
         sources = []
@@ -128,7 +132,10 @@ def diagnose(
             raise InputError(f"cannot read the log: {exc.strerror}", f"无法读取日志：{exc.strerror}") from exc
     for warning in warnings:
         click.echo(f"trainguard: warning: {warning}", err=True)
+    return _print(report, as_json, lang)
 
+
+def _print(report: Report, as_json: bool, lang: str) -> int:
     from trainguard.cli import render
 
     if as_json:
@@ -136,3 +143,34 @@ def diagnose(
     else:
         render.print_diagnosis(report, lang)
     return 0
+
+
+def _diagnose_run(ref: str, exit_status: ExitStatus | None) -> Report | None:
+    """The last death of a run: its part of the log, its exit status, the kernel log of that time."""
+    from trainguard.paths import state_dir
+    from trainguard.store.registry import Registry
+    from trainguard.supervisor.autopsy import attempt_report
+
+    if not (state_dir() / "runs.sqlite").exists():
+        return None
+    run = Registry(state_dir()).resolve(ref)
+    ended = [a for a in run.attempts if a.ended_at is not None]
+    if not ended:
+        raise UsageError(f"run {run.id} has not ended an attempt yet", f"运行 {run.id} 还没有结束过任何一次尝试")
+    failed = [a for a in ended if a.exit_code != 0 or a.signal is not None] or ended
+    attempt = failed[-1]
+    following = [a for a in run.attempts if a.n > attempt.n]
+    status = exit_status or (
+        ExitStatus(signal=attempt.signal) if attempt.signal is not None else ExitStatus(code=attempt.exit_code)
+    )
+    return attempt_report(
+        run.log_path,
+        log_start=attempt.log_offset,
+        log_end=following[0].log_offset if following else None,
+        exit_status=status,
+        started=attempt.started_at,
+        ended=attempt.ended_at,
+        pids={attempt.pid} if attempt.pid else set(),
+        error_file=os.path.join(run.run_dir, f"attempt-{attempt.n}.error.json"),
+        hang_timeout_s=run.options.get("hang_timeout_s") if attempt.cause == "hang" else None,
+    )

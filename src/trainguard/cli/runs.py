@@ -16,7 +16,7 @@ import click
 from trainguard._i18n import choose_language
 from trainguard.errors import UsageError
 from trainguard.paths import state_dir
-from trainguard.store.registry import Registry, Run, pid_alive
+from trainguard.store.registry import Registry, Run, close_runs_lost_to_reboot, pid_alive
 from trainguard.supervisor import service
 from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.units import parse_duration, parse_size
@@ -89,7 +89,9 @@ def run_json(run: Run) -> dict[str, Any]:
 
 
 def _registry() -> Registry:
-    return Registry(state_dir())
+    registry = Registry(state_dir())
+    close_runs_lost_to_reboot(registry)
+    return registry
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -149,7 +151,9 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
       srun trainguard run --foreground -- python train.py
     """
     if memory_limit is not None:
-        raise UsageError("--memory-limit is not available yet in this version", "此版本暂不支持 --memory-limit")
+        from trainguard.probes import cgroups
+
+        cgroups.create(f"trainguard-check-{os.getpid()}", memory_limit).remove()  # refuse now, not in the supervisor
     if foreground and follow:
         raise UsageError(
             "--follow detaches; it cannot go with --foreground", "--follow 会脱离终端，不能与 --foreground 同用"
@@ -166,6 +170,7 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         hang_timeout_s=hang_timeout,
         grace_s=grace,
         stop_signal=stop_signal,
+        memory_limit=memory_limit,
     )
     registry, record = service.create_run(list(command), name=name, options=options)
     if foreground:

@@ -164,7 +164,11 @@ def observations_from_kernel(
             groups = {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items() if v is not None}
             cause, weight, note = _cause_and_weight(signature, groups)
             pid = groups.get("pid")
-            if pid is not None:
+            if pid is None and cause == "host_oom":
+                # An OOM line that names no process (a cgroup summary, "invoked oom-killer") cannot
+                # say whose death it was; the record that does name the victim speaks for it.
+                weight *= OTHER_PROCESS_FACTOR if job_pids else UNLINKED_FACTOR
+            elif pid is not None:
                 if int(pid) in linked:
                     weight = max(weight, LINKED_WEIGHT)
                     note = f"names the job's process {pid}"

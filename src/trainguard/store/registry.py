@@ -281,6 +281,35 @@ class Registry:
             return [self._run_from(db, row) for row in rows]
 
 
+ACTIVE = ("starting", "running", "backoff", "stopping")
+
+
+def close_runs_lost_to_reboot(registry: Registry, current_boot: str | None = None) -> list[str]:
+    """Runs recorded as active under an earlier boot of this machine died with it: close them with
+    cause node_reboot. Returns their ids."""
+    current_boot = current_boot or boot_id()
+    if current_boot is None:
+        return []
+    closed = []
+    host = socket.gethostname()
+    for run in registry.all():
+        if run.state not in ACTIVE or run.boot_id in (None, current_boot) or run.host != host:
+            continue
+        if run.attempts and run.attempts[-1].ended_at is None:
+            last = run.attempts[-1]
+            last.ended_at = time.time()
+            last.cause = "node_reboot"
+            last.confidence = 1.0
+            registry.end_attempt(run.id, last)
+        registry.set_state(
+            run.id,
+            "failed",
+            reason="the machine went down under the job (node_reboot); start it again to resume from its checkpoint",
+        )
+        closed.append(run.id)
+    return closed
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

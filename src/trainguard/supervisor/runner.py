@@ -24,16 +24,16 @@ from trainguard import causes
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
-from trainguard.postmortem import LogSource, diagnosis_dict, investigate
-from trainguard.probes import kernel_log
+from trainguard.postmortem import diagnosis_dict
+from trainguard.probes import cgroups
 from trainguard.store.registry import Attempt, Registry, Run
+from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
 from trainguard.supervisor.policy import Decision, Outcome, RestartPolicy, decide
 from trainguard.supervisor.states import RunState, check_transition
 
 POLL_S = 0.1
 TREE_SAMPLE_S = 1.0  # how often the job's process tree is read (for kernel records that name a child)
-KERNEL_SLACK_S = 5.0
 
 
 @dataclass
@@ -154,6 +154,7 @@ class Supervisor:
         log_fd = os.open(self.run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         log_offset = os.fstat(log_fd).st_size
         started_wall = time.time()
+        memory = cgroups.create(f"trainguard-{self.run.id}-{n}", opts.memory_limit) if opts.memory_limit else None
         try:
             process = subprocess.Popen(
                 job_argv(opts.command, opts.resume_arg, resume_from),
@@ -163,6 +164,8 @@ class Supervisor:
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,  # its own session: no terminal's SIGHUP reaches it
+                # In its cgroup before it allocates anything (the supervisor runs no threads).
+                preexec_fn=memory.join if memory else None,  # noqa: PLW1509
             )
         finally:
             os.close(log_fd)
@@ -186,10 +189,13 @@ class Supervisor:
         attempt.signal = status.signal if status else None
         new_checkpoint = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0) not in (None, resume_from)
         new_lines = self._count_lines(log_offset)
+        oom_kills = memory.oom_kills() if memory else 0
+        if memory:
+            memory.remove()
         if returncode == 0 or stopped:
             attempt.cause = None
         else:
-            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file)
+            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file, oom_kills)
             attempt.cause = diagnosis["cause"]
             attempt.confidence = diagnosis["confidence"]
             attempt.diagnosis = diagnosis
@@ -277,50 +283,41 @@ class Supervisor:
         return count
 
     def _diagnose(
-        self, watch: _AttemptWatch, status: ExitStatus | None, started: float, ended: float, error_file: str
+        self,
+        watch: _AttemptWatch,
+        status: ExitStatus | None,
+        started: float,
+        ended: float,
+        error_file: str,
+        oom_kills: int,
     ) -> dict:
-        extra: list[Observation] = []
-        if watch.hung:
+        extra = []
+        if oom_kills:
+            limit = self.options.memory_limit / 1024**3
             extra.append(
                 Observation(
                     source="telemetry",
-                    cause="hang",
+                    cause="host_oom",
                     weight=0.99,
                     role=Role.ROOT,
-                    rule="supervisor:hang",
-                    text=f"no new output and no new checkpoint for {self.options.hang_timeout_s:g} s",
+                    rule="cgroup:oom_kill",
+                    text=f"the kernel OOM-killed {oom_kills} process(es) in the job's memory cgroup "
+                    f"({limit:.2f} GiB limit)",
                 )
             )
-        sources = []
-        with open(self.run.log_path, "rb") as log:
-            log.seek(watch.log_offset)
-            sources.append(LogSource(None, list(read_blocks(log))))
-        error_text = _error_file_text(error_file)
-        if error_text:
-            sources.append(LogSource("error file", [error_text.encode()]))
-        try:
-            lines, _ = kernel_log.read_live()
-            kernel_lines = kernel_log.in_window(lines, started - KERNEL_SLACK_S, ended + KERNEL_SLACK_S)
-        except kernel_log.KernelLogUnavailable:
-            kernel_lines = []
-        report = investigate(
-            sources,
+        report = attempt_report(
+            self.run.log_path,
+            log_start=watch.log_offset,
+            log_end=None,
             exit_status=None if watch.hung else status,
-            kernel_lines=[k for k in kernel_lines if k.time is not None],
-            job_pids=watch.pids,
+            started=started,
+            ended=ended,
+            pids=watch.pids,
+            error_file=error_file,
+            hang_timeout_s=self.options.hang_timeout_s if watch.hung else None,
             extra=extra,
         )
         return diagnosis_dict(report.diagnosis, "en")
-
-
-def _error_file_text(path: str) -> str | None:
-    import json
-
-    try:
-        payload = json.loads(Path(path).read_text())
-        return f"{payload['type']}: {payload['message']}\n"
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _descendants(pid: int) -> set[int]:
