@@ -386,3 +386,31 @@ def test_a_run_left_running_by_an_earlier_boot_is_closed_as_node_reboot(tmp_path
     info = json.loads(tg("status", "before-reboot", "--json").stdout)
     assert info["state"] == "failed" and "node_reboot" in info["reason"]
     assert info["attempts"][0]["cause"] == "node_reboot"
+
+
+def test_logs_of_one_attempt_and_following_a_run(tmp_path: Path, home: Path) -> None:
+    job = script(
+        tmp_path,
+        "twice.py",
+        """
+        import os, time
+        attempt = os.environ["TRAINGUARD_ATTEMPT"]
+        for step in range(3):
+            print(f"attempt {attempt} step {step}", flush=True)
+            time.sleep(0.1)
+        if attempt == "1":
+            os.kill(os.getpid(), 15)  # preempted
+        print("finished", flush=True)
+    """,
+    )
+    started = tg("run", "--name", "twice", "--follow", "--", sys.executable, job)
+    assert started.returncode == 0
+    followed = started.stdout
+    assert "attempt 1 step 2" in followed and "attempt 2 step 2" in followed and "finished" in followed
+    second = tg("logs", "twice", "--attempt", "2").stdout
+    assert "attempt 2 step 0" in second and "attempt 1" not in second
+    info = status("twice")
+    assert [a["cause"] for a in info["attempts"]] == ["preempted", None] and info["state"] == "succeeded"
+    assert info["attempts"][1]["started_at"].endswith("+00:00")
+    human = tg("status", "twice").stdout
+    assert "attempt 1:" in human and "preempted" in human

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -24,12 +25,12 @@ from trainguard import causes
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
-from trainguard.postmortem import diagnosis_dict
+from trainguard.postmortem import default_scanner, diagnosis_dict
 from trainguard.probes import cgroups
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
-from trainguard.supervisor.policy import Decision, Outcome, RestartPolicy, decide
+from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
 from trainguard.supervisor.states import RunState, check_transition
 
 POLL_S = 0.1
@@ -49,6 +50,7 @@ class _AttemptWatch:
     last_log_size: int = 0
     last_checkpoint: str | None = None
     hung: bool = False
+    pidfd: int | None = None
 
 
 class Supervisor:
@@ -72,12 +74,16 @@ class Supervisor:
         self.stop_requested: int | None = None
         self.history: list[Outcome] = []
         self.batch_scale = 1.0
+        self._wakeup_read: int | None = None
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is no reason to stop
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
+        # A stop signal wakes the wait below at once (the handler itself only records it).
+        self._wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wakeup_write)
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self.stop_requested = signum
@@ -96,6 +102,7 @@ class Supervisor:
     # ------------------------------------------------------------------ the loop
     def supervise(self) -> RunState:
         self.registry.update_run(self.run.id, supervisor_pid=os.getpid())
+        default_scanner()  # compile the signatures now, not between a death and the restart
         Path(self.options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         attempt_n = len(self.run.attempts)
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
@@ -120,7 +127,6 @@ class Supervisor:
             if not self._wait_backoff(decision):
                 self._transition(RunState.STOPPED, "stopped on request during backoff")
                 return self.state
-            self._transition(RunState.STARTING)
 
     def _wait_backoff(self, decision: Decision) -> bool:
         deadline = self.clock() + decision.delay_s
@@ -169,12 +175,14 @@ class Supervisor:
             )
         finally:
             os.close(log_fd)
+        # Recorded once the job runs: between a death and the next exec nothing waits on the registry.
         attempt = Attempt(
             n=n, started_at=started_wall, pid=process.pid, resumed_from=resume_from, log_offset=log_offset
         )
+        if self.state is RunState.BACKOFF:
+            self._transition(RunState.STARTING)
         self.registry.start_attempt(self.run.id, attempt)
-        if self.state is not RunState.RUNNING:
-            self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
+        self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
 
         watch = _AttemptWatch(process, self.clock(), log_offset, resume_from, {process.pid})
         watch.last_progress_mono = watch.started_mono
@@ -211,7 +219,33 @@ class Supervisor:
         return outcome, attempt
 
     # ------------------------------------------------------------------ watching one attempt
+    def _wait_for_exit(self, watch: _AttemptWatch, timeout_s: float) -> None:
+        """Sleep until the job exits, a signal arrives, or the timeout passes: a pidfd makes the
+        job's death wake the supervisor at once, so a restart does not wait for a polling tick."""
+        if watch.pidfd is None:
+            self.sleep(min(POLL_S, timeout_s))
+            return
+        poller = select.poll()
+        poller.register(watch.pidfd, select.POLLIN)
+        if self._wakeup_read is not None:
+            poller.register(self._wakeup_read, select.POLLIN)
+        poller.poll(max(0, int(timeout_s * 1000)))
+        if self._wakeup_read is not None:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wakeup_read, 512)
+
     def _watch(self, watch: _AttemptWatch, n: int) -> int:
+        try:
+            watch.pidfd = os.pidfd_open(watch.process.pid)
+        except (AttributeError, OSError):
+            watch.pidfd = None  # an old kernel: poll every tick instead
+        try:
+            return self._watch_loop(watch, n)
+        finally:
+            if watch.pidfd is not None:
+                os.close(watch.pidfd)
+
+    def _watch_loop(self, watch: _AttemptWatch, n: int) -> int:
         next_tree_sample = self.clock()
         while True:
             returncode = watch.process.poll()
@@ -230,7 +264,7 @@ class Supervisor:
                     self._dump_stacks(watch, n)
                     self.registry.event(self.run.id, "hang", {"attempt": n, "silent_s": now - watch.last_progress_mono})
                     return self._stop_group(watch)
-            self.sleep(POLL_S)
+            self._wait_for_exit(watch, max(0.0, next_tree_sample - self.clock()))
 
     def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
         try:
@@ -274,12 +308,15 @@ class Supervisor:
         self._log_marker(f"no progress for {self.options.hang_timeout_s:g} s; stacks in {target}")
 
     # ------------------------------------------------------------------ after a death
-    def _count_lines(self, offset: int) -> int:
+    def _count_lines(self, offset: int, enough: int = STARTUP_LINES + 1) -> int:
+        """New lines since ``offset``, counted only as far as the crash-loop guard needs to know."""
         count = 0
         with open(self.run.log_path, "rb") as log:
             log.seek(offset)
-            for block in read_blocks(log):
+            for block in read_blocks(log, 64 * 1024):
                 count += block.count(b"\n")
+                if count >= enough:
+                    break
         return count
 
     def _diagnose(
