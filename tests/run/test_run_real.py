@@ -414,3 +414,60 @@ def test_logs_of_one_attempt_and_following_a_run(tmp_path: Path, home: Path) -> 
     assert info["attempts"][1]["started_at"].endswith("+00:00")
     human = tg("status", "twice").stdout
     assert "attempt 1:" in human and "preempted" in human
+
+
+def test_adopt_takes_a_run_back_under_watch_and_so_does_a_run_of_the_same_name(tmp_path: Path, home: Path) -> None:
+    job = script(tmp_path, "ticker.py", TICKER)
+    run_id = run_id_from(tg("run", "--name", "long", "--", sys.executable, job).stdout)
+    job_pid = status(run_id)["pid"]
+    try:
+        os.kill(_supervisor_pid(home, run_id), signal.SIGKILL)
+        wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+        adopted = tg("adopt", run_id)
+        assert adopted.returncode == 0, adopted.stderr
+        assert status(run_id)["supervisor"] == "alive"
+        again = tg("adopt", run_id)
+        assert again.returncode == 2 and "already watched" in again.stderr
+        # the supervisor dies again; `trainguard run --name long` takes the same job back instead of a second one
+        os.kill(_supervisor_pid(home, run_id), signal.SIGKILL)
+        wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+        rerun = tg("run", "--name", "long", "--", sys.executable, job)
+        assert "taking it back under watch" in rerun.stdout
+        assert len(json.loads(tg("ps", "--json").stdout)) == 1
+        assert status(run_id)["pid"] == job_pid
+        # and the adopted job is stopped like any other
+        assert tg("stop", run_id).returncode == 0
+        assert status(run_id)["state"] == "stopped"
+    finally:
+        _kill_group(job_pid)
+
+
+def test_a_script_that_saves_its_own_files_resumes_through_checkpoint_glob_and_resume_arg(
+    tmp_path: Path, home: Path
+) -> None:
+    job = script(
+        tmp_path,
+        "own.py",
+        """
+        import argparse, os
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--resume")
+        args = parser.parse_args()
+        start = int(open(args.resume).read()) + 1 if args.resume else 0
+        print("resume", args.resume, "from", start, flush=True)
+        for epoch in range(start, 6):
+            with open(os.path.join(os.environ["TRAINGUARD_CHECKPOINT_DIR"], f"epoch{epoch}.txt"), "w") as out:
+                out.write(str(epoch))
+            if epoch == 2 and not args.resume:
+                os.kill(os.getpid(), 9)
+        print("finished", flush=True)
+    """,
+    )
+    folder = tmp_path / "ckpt"
+    done = tg("run", "--foreground", "--checkpoint-dir", str(folder), "--checkpoint-glob", "epoch*.txt",
+              "--resume-arg", "--resume {checkpoint}", "--", sys.executable, job)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert run["attempts"][1]["resumed_from"] == str(folder / "epoch2.txt")
+    log = Path(run["log_path"]).read_text()
+    assert f"resume {folder / 'epoch2.txt'} from 3" in log and "finished" in log

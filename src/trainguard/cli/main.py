@@ -22,15 +22,16 @@ def cli() -> None:
     trainguard ps / status RUN   runs, their attempts and causes of death
     trainguard logs RUN [-f]     a run's output
     trainguard stop RUN          stop it, with time for a last checkpoint
+    trainguard adopt RUN         watch again a job whose supervisor died
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     """
 
 
 def _register() -> None:
     from trainguard.cli.diagnose import diagnose
-    from trainguard.cli.runs import logs, ps, run, status, stop
+    from trainguard.cli.runs import adopt, logs, ps, run, status, stop
 
-    for command in (run, ps, status, logs, stop, diagnose):
+    for command in (run, ps, status, logs, stop, adopt, diagnose):
         cli.add_command(command)
 
 

@@ -159,6 +159,10 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
             "--follow detaches; it cannot go with --foreground", "--follow 会脱离终端，不能与 --foreground 同用"
         )
     cwd = os.getcwd()
+    if name and (earlier := _unwatched_run_named(name)) is not None:
+        click.echo(f"run {earlier.id} ({name}) is still running without its supervisor: taking it back under watch")
+        service.start_detached(_registry(), earlier, adopt=True)
+        return 0
     service.check_command(list(command), cwd)
     options = service.options_record(
         restart=restart,
@@ -191,6 +195,32 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         )
     if follow:
         _follow(registry, started, 0)
+    return 0
+
+
+def _unwatched_run_named(name: str) -> Run | None:
+    if not (state_dir() / "runs.sqlite").exists():
+        return None
+    try:
+        newest = _registry().resolve(name)
+    except UsageError:
+        return None
+    return newest if newest.name == name and service.unwatched(newest) else None
+
+
+@click.command()
+@click.argument("ref", metavar="RUN")
+def adopt(ref: str) -> int:
+    """Take a run whose supervisor is gone back under watch (its job keeps running)."""
+    registry = _registry()
+    record = registry.resolve(ref)
+    if RunState(record.state) in TERMINAL_STATES:
+        raise UsageError(f"run {record.id} has ended ({record.state})", f"运行 {record.id} 已结束（{record.state}）")
+    if _supervisor_alive(record):
+        raise UsageError(f"run {record.id} is already watched by supervisor {record.supervisor_pid}",
+                         f"运行 {record.id} 已由监督进程 {record.supervisor_pid} 管理")  # fmt: skip
+    service.start_detached(registry, record, adopt=True)
+    click.echo(f"run {record.id} is watched again")
     return 0
 
 

@@ -7,4 +7,4 @@ import sys
 from trainguard.supervisor.service import supervise_run
 
 if __name__ == "__main__":
-    sys.exit(supervise_run(sys.argv[1]))
+    sys.exit(supervise_run(sys.argv[1], adopt="--adopt" in sys.argv[2:]))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -51,6 +52,29 @@ class _AttemptWatch:
     last_checkpoint: str | None = None
     hung: bool = False
     pidfd: int | None = None
+
+
+EXIT_UNKNOWN = -(1 << 16)  # an adopted job is not our child: its exit status cannot be had
+
+
+class _AdoptedProcess:
+    """The running job of a run whose supervisor died: watched by pid, since it is not our child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            if psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            pass
+        return EXIT_UNKNOWN
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(POLL_S)
+        return code
 
 
 class Supervisor:
@@ -100,7 +124,9 @@ class Supervisor:
             log.write(f"==== trainguard {stamp} · {text} ====\n")
 
     # ------------------------------------------------------------------ the loop
-    def supervise(self) -> RunState:
+    def supervise(self, *, adopt: bool = False) -> RunState:
+        """Run attempts until the policy ends the run. With ``adopt``, the first attempt is the job
+        already running (its supervisor died): it is watched, not started."""
         self.registry.update_run(self.run.id, supervisor_pid=os.getpid())
         default_scanner()  # compile the signatures now, not between a death and the restart
         Path(self.options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -111,7 +137,12 @@ class Supervisor:
             if self.stop_requested is not None:
                 self._transition(RunState.STOPPED, "stopped on request before the attempt started")
                 return self.state
-            outcome, attempt = self._run_attempt(attempt_n, restart_cause)
+            if adopt and self.run.attempts and self.run.attempts[-1].ended_at is None:
+                attempt_n -= 1
+                outcome, attempt = self._adopt_attempt(self.run.attempts[-1])
+                adopt = False
+            else:
+                outcome, attempt = self._run_attempt(attempt_n, restart_cause)
             self.history.append(outcome)
             decision = decide(self.history, self.policy, causes.catalogue())
             self.registry.event(self.run.id, "decision", {"restart": decision.restart, "reason": decision.reason,
@@ -184,6 +215,23 @@ class Supervisor:
         self.registry.start_attempt(self.run.id, attempt)
         self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
 
+        return self._conclude(process, attempt, error_file, memory)
+
+    def _adopt_attempt(self, attempt: Attempt) -> tuple[Outcome, Attempt]:
+        self._log_marker(f"attempt {attempt.n} (pid {attempt.pid}) taken back under watch")
+        self.registry.event(self.run.id, "adopted", {"n": attempt.n, "pid": attempt.pid})
+        if self.state is not RunState.RUNNING:
+            self._transition(RunState.RUNNING, f"attempt {attempt.n} adopted", pid=attempt.pid)
+        error_file = os.path.join(self.run.run_dir, f"attempt-{attempt.n}.error.json")
+        return self._conclude(_AdoptedProcess(attempt.pid or 0), attempt, error_file, None)
+
+    def _conclude(
+        self, process: Any, attempt: Attempt, error_file: str, memory: cgroups.MemoryCgroup | None
+    ) -> tuple[Outcome, Attempt]:
+        """Watch the attempt to its end, name the death, and sum it up for the policy."""
+        opts = self.options
+        n, resume_from, log_offset = attempt.n, attempt.resumed_from, attempt.log_offset
+        started_wall = attempt.started_at
         watch = _AttemptWatch(process, self.clock(), log_offset, resume_from, {process.pid})
         watch.last_progress_mono = watch.started_mono
         watch.last_log_size = log_offset
@@ -191,7 +239,7 @@ class Supervisor:
         returncode = self._watch(watch, n)
         stopped = self.stop_requested is not None and not watch.hung
 
-        status = ExitStatus.from_number(returncode) if returncode is not None else None
+        status = ExitStatus.from_number(returncode) if returncode not in (None, EXIT_UNKNOWN) else None
         attempt.ended_at = time.time()
         attempt.exit_code = status.code if status else None
         attempt.signal = status.signal if status else None

@@ -15,7 +15,7 @@ from typing import Any
 from trainguard.causes import CAUSE_IDS, Retry
 from trainguard.errors import UsageError
 from trainguard.paths import state_dir
-from trainguard.store.registry import Registry, Run
+from trainguard.store.registry import Registry, Run, pid_alive
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.policy import RestartPolicy
 from trainguard.supervisor.runner import Supervisor
@@ -82,7 +82,7 @@ def _policy(run: Run) -> RestartPolicy:
     )
 
 
-def supervise_run(run_id: str, *, registry: Registry | None = None) -> int:
+def supervise_run(run_id: str, *, registry: Registry | None = None, adopt: bool = False) -> int:
     registry = registry or Registry(state_dir())
     run = registry.get(run_id)
     if run is None:
@@ -90,15 +90,15 @@ def supervise_run(run_id: str, *, registry: Registry | None = None) -> int:
         return 2
     supervisor = Supervisor(registry, run, _job_options(run), _policy(run))
     supervisor.install_signal_handlers()
-    final = supervisor.supervise()
+    final = supervisor.supervise(adopt=adopt)
     return 0 if final in (RunState.SUCCEEDED, RunState.STOPPED) else 1
 
 
-def start_detached(registry: Registry, run: Run, *, wait_s: float = 10.0) -> Run:
+def start_detached(registry: Registry, run: Run, *, wait_s: float = 10.0, adopt: bool = False) -> Run:
     """Start the run's supervisor in a session of its own, and return once the job has started."""
     with open(Path(run.run_dir) / "supervisor.log", "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainguard.supervisor", run.id],
+            [sys.executable, "-m", "trainguard.supervisor", run.id, *(["--adopt"] if adopt else [])],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -109,10 +109,19 @@ def start_detached(registry: Registry, run: Run, *, wait_s: float = 10.0) -> Run
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         current = registry.get(run.id)
-        if current.attempts or RunState(current.state) in TERMINAL_STATES or process.poll() is not None:
+        if adopt:
+            started = any(event["kind"] == "adopted" for event in registry.events(run.id))
+        else:
+            started = bool(current.attempts)
+        if started or RunState(current.state) in TERMINAL_STATES or process.poll() is not None:
             return current
         time.sleep(0.05)
     return registry.get(run.id)
+
+
+def unwatched(run: Run) -> bool:
+    """An active run whose supervisor is gone (killed, OOM-killed itself, machine tool crashed)."""
+    return RunState(run.state) not in TERMINAL_STATES and not pid_alive(run.supervisor_pid)
 
 
 def options_record(**values: Any) -> dict[str, Any]:
