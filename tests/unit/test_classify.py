@@ -132,3 +132,21 @@ def test_an_oom_summary_without_a_pid_does_not_blame_a_job_with_known_pids() -> 
         job_pids={4242},
     ).diagnosis
     assert result.cause == "segfault"
+
+
+def test_another_process_oom_kill_does_not_outweigh_the_jobs_own_sigterm() -> None:
+    # One OOM kill prints three kernel lines; about someone else, they add up to nothing.
+    kernel = [
+        KernelLine("python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0"),
+        KernelLine(
+            "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,task=python3,pid=999,uid=0"
+        ),
+        KernelLine("Memory cgroup out of memory: Killed process 999 (python3) total-vm:82132kB, anon-rss:65152kB"),
+    ]
+    result = investigate(
+        [LogSource(None, [b"attempt 1 step 2\n"])],
+        exit_status=ExitStatus.from_number(-15),
+        kernel_lines=kernel,
+        job_pids={4242},
+    ).diagnosis
+    assert result.cause == "preempted" and result.alternatives == ()

@@ -136,10 +136,12 @@ class KernelLine:
     time: float | None = None  # seconds since the epoch, when the format says
 
 
-# A kernel record names a process: certain when that process is the job's, weak when it is another.
+# A kernel record names a process: certain when that process is the job's, nothing when it is another.
 LINKED_WEIGHT = 0.99
 UNLINKED_FACTOR = 0.9  # the job's pids are not known (a saved log with no run record)
-OTHER_PROCESS_FACTOR = 0.3  # the record names a process that is not the job's
+# A record about another process says nothing about the job: several of them (one OOM kill prints
+# three lines) must not add up to a cause.
+OTHER_PROCESS_FACTOR = 0.0
 
 
 def observations_from_kernel(
@@ -177,6 +179,8 @@ def observations_from_kernel(
                     note = f"process {pid} is not one of the job's"
                 else:
                     weight *= UNLINKED_FACTOR
+            if weight <= 0:
+                continue
             found.append(
                 Observation(
                     source="kernel",
