@@ -24,14 +24,16 @@ def cli() -> None:
     trainguard stop RUN          stop it, with time for a last checkpoint
     trainguard adopt RUN         watch again a job whose supervisor died
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
+    trainguard doctor            what will kill it, before it does
     """
 
 
 def _register() -> None:
     from trainguard.cli.diagnose import diagnose
+    from trainguard.cli.doctor import doctor
     from trainguard.cli.runs import adopt, logs, ps, run, status, stop
 
-    for command in (run, ps, status, logs, stop, adopt, diagnose):
+    for command in (run, ps, status, logs, stop, adopt, diagnose, doctor):
         cli.add_command(command)
 
 

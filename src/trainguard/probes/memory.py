@@ -45,6 +45,21 @@ def cgroup_headroom(proc_self_cgroup: str, root: Path = Path("/sys/fs/cgroup")) 
     return None
 
 
+def cgroup_limit(proc_self_cgroup: str, root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """This process's memory cgroup limit in bytes (v2, else v1); None when there is none."""
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and controllers == "":
+            limit = _read_int(root / path.lstrip("/") / "memory.max")
+        elif "memory" in controllers.split(","):
+            limit = _read_int(root / "memory" / path.lstrip("/") / "memory.limit_in_bytes")
+        else:
+            continue
+        if limit is not None and limit < _UNLIMITED // 2:
+            return limit
+    return None
+
+
 def available_bytes() -> int | None:
     """What this process can still allocate before the OOM killer acts; None when unknown."""
     try:
