@@ -25,15 +25,16 @@ def cli() -> None:
     trainguard adopt RUN         watch again a job whose supervisor died
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     trainguard doctor            what will kill it, before it does
+    trainguard exporter          Prometheus metrics of runs, GPUs and the host
     """
 
 
 def _register() -> None:
     from trainguard.cli.diagnose import diagnose
     from trainguard.cli.doctor import doctor
-    from trainguard.cli.runs import adopt, logs, ps, run, status, stop
+    from trainguard.cli.runs import adopt, exporter, logs, ps, run, status, stop
 
-    for command in (run, ps, status, logs, stop, adopt, diagnose, doctor):
+    for command in (run, ps, status, logs, stop, adopt, diagnose, doctor, exporter):
         cli.add_command(command)
 
 

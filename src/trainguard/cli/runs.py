@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from datetime import datetime, timezone
@@ -15,6 +16,7 @@ import click
 
 from trainguard._i18n import choose_language
 from trainguard.errors import UsageError
+from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import state_dir
 from trainguard.store.registry import Registry, Run, close_runs_lost_to_reboot, pid_alive
 from trainguard.supervisor import service
@@ -137,11 +139,38 @@ def _registry() -> Registry:
     help="Time between the stop signal and SIGKILL, for a last checkpoint.",
 )
 @click.option("--stop-signal", callback=_signal_number, default="TERM", show_default=True)
+@click.option(
+    "--sample-interval",
+    callback=_duration,
+    default="5s",
+    show_default=True,
+    metavar="DUR",
+    help="How often GPU, RAM, /dev/shm and disk are sampled while the job runs.",
+)
+@click.option(
+    "--notify",
+    "notify",
+    multiple=True,
+    metavar="KIND=URL",
+    help="Send alerts and deaths to a webhook: webhook, slack, dingtalk, feishu or wecom (repeatable).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A TOML file with [[notify]] tables (kind, url, secret, lang).",
+)
+@click.option(
+    "--metrics-port", type=click.IntRange(1, 65535), metavar="PORT", help="Serve Prometheus metrics of this run."
+)
+@click.option("--metrics-bind", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--foreground", is_flag=True, help="Supervise here (containers, Slurm, systemd) instead of detaching.")
 @click.option("--follow", is_flag=True, help="Detach, then follow the log (Ctrl+C stops following, not the job).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, resume_arg,
-        hang_timeout, memory_limit, grace, stop_signal, foreground, follow, command) -> int:  # fmt: skip
+def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, resume_arg, hang_timeout, memory_limit,
+        grace, stop_signal, sample_interval, notify, config_file, metrics_port, metrics_bind, foreground, follow,
+        command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
     \b
@@ -164,6 +193,9 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         service.start_detached(_registry(), earlier, adopt=True)
         return 0
     service.check_command(list(command), cwd)
+    notifiers = [from_flag(item) for item in notify] + (from_config(config_file) if config_file else [])
+    if metrics_port is not None:
+        _check_port_free(metrics_bind, metrics_port)
     options = service.options_record(
         restart=restart,
         max_restarts=max_restarts,
@@ -175,6 +207,10 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         grace_s=grace,
         stop_signal=stop_signal,
         memory_limit=memory_limit,
+        sample_interval_s=sample_interval,
+        notify=to_record(notifiers) or None,
+        metrics_port=metrics_port,
+        metrics_bind=metrics_bind,
     )
     registry, record = service.create_run(list(command), name=name, options=options)
     if foreground:
@@ -196,6 +232,34 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
     if follow:
         _follow(registry, started, 0)
     return 0
+
+
+def _check_port_free(bind: str, port: int) -> None:
+    probe = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((bind, port))
+    except OSError as exc:
+        raise UsageError(f"--metrics-port: cannot listen on {bind}:{port} ({exc.strerror})",
+                         f"--metrics-port：无法监听 {bind}:{port}（{exc.strerror}）") from None  # fmt: skip
+    finally:
+        probe.close()
+
+
+@click.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9400, show_default=True)
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Listen address (0.0.0.0 for every interface).")
+def exporter(port: int, bind: str) -> int:
+    """Serve Prometheus metrics of this machine's runs, GPUs and host at http://BIND:PORT/metrics."""
+    from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter, serve
+
+    serve(port, bind, TrainguardCollector(_registry(), xid_counts=kernel_xid_counter()))
+    click.echo(f"serving Prometheus metrics at http://{bind}:{port}/metrics (Ctrl+C stops)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _unwatched_run_named(name: str) -> Run | None:

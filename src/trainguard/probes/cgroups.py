@@ -5,7 +5,6 @@ its memory controller is enabled, else v1."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +45,6 @@ class MemoryCgroup:
     @property
     def procs(self) -> Path:
         return self.path / "cgroup.procs"
-
-    def join(self) -> None:
-        """Move the calling process in (called in the job between fork and exec)."""
-        self.procs.write_text(str(os.getpid()))
 
     def oom_kills(self) -> int:
         name = "memory.events" if self.version == 2 else "memory.oom_control"

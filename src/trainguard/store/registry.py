@@ -57,7 +57,18 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    time REAL NOT NULL,
+    data TEXT NOT NULL              -- JSON, monitor.sampler.Sample.to_dict()
+);
+CREATE INDEX IF NOT EXISTS samples_by_run ON samples(run_id, time);
 """
+
+# Samples thin out with age: every one for the last 15 minutes (the minutes before a death matter
+# most), one a minute for a day, one every ten minutes after that.
+DOWNSAMPLING = ((15 * 60, 60), (24 * 3600, 600))
 
 
 @dataclass
@@ -232,6 +243,29 @@ class Registry:
                 (run_id, attempt.ended_at, json.dumps({"n": attempt.n, "exit_code": attempt.exit_code,
                  "signal": attempt.signal, "cause": attempt.cause, "confidence": attempt.confidence})),
             )  # fmt: skip
+            db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ samples
+    def add_sample(self, run_id: str, sample_time: float, data: dict[str, Any]) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO samples (run_id, time, data) VALUES (?, ?, ?)", (run_id, sample_time, json.dumps(data))
+            )
+
+    def samples(self, run_id: str, since: float = 0.0) -> list[dict[str, Any]]:
+        with self._connect() as db:
+            rows = db.execute("SELECT data FROM samples WHERE run_id = ? AND time >= ? ORDER BY time", (run_id, since))
+            return [json.loads(row["data"]) for row in rows]
+
+    def downsample(self, run_id: str, now: float) -> None:
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            for age, bucket in DOWNSAMPLING:
+                db.execute(
+                    "DELETE FROM samples WHERE run_id = ? AND time < ? AND id NOT IN ("
+                    " SELECT MIN(id) FROM samples WHERE run_id = ? AND time < ? GROUP BY CAST(time / ? AS INTEGER))",
+                    (run_id, now - age, run_id, now - age, bucket),
+                )
             db.execute("COMMIT")
 
     # ------------------------------------------------------------------ reading

@@ -25,6 +25,9 @@ class JobOptions:
     grace_s: float = 120.0
     stop_signal: int = 15
     memory_limit: int | None = None
+    sample_interval_s: float = 5.0
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
 
 def job_environment(

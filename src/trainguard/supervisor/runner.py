@@ -26,6 +26,9 @@ from trainguard import causes
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
+from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter, serve
+from trainguard.monitor.notify import from_record
+from trainguard.monitor.runwatch import RunMonitor
 from trainguard.postmortem import default_scanner, diagnosis_dict
 from trainguard.probes import cgroups
 from trainguard.store.registry import Attempt, Registry, Run
@@ -98,6 +101,7 @@ class Supervisor:
         self.stop_requested: int | None = None
         self.history: list[Outcome] = []
         self.batch_scale = 1.0
+        self.notifiers = from_record(run.options.get("notify", []))
         self._wakeup_read: int | None = None
 
     # ------------------------------------------------------------------ signals
@@ -130,6 +134,18 @@ class Supervisor:
         self.registry.update_run(self.run.id, supervisor_pid=os.getpid())
         default_scanner()  # compile the signatures now, not between a death and the restart
         Path(self.options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        self.monitor = RunMonitor(
+            self.registry,
+            self.run.id,
+            interval_s=self.options.sample_interval_s,
+            disk_paths=list(dict.fromkeys([self.run.run_dir, self.options.checkpoint_dir])),
+            notifiers=self.notifiers,
+            checkpoint_bytes=self._checkpoint_bytes,
+            clock=self.clock,
+        )
+        if self.options.metrics_port is not None:
+            collector = TrainguardCollector(self.registry, run_id=self.run.id, xid_counts=kernel_xid_counter())
+            serve(self.options.metrics_port, self.options.metrics_bind, collector)
         attempt_n = len(self.run.attempts)
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
         while True:
@@ -147,10 +163,21 @@ class Supervisor:
             decision = decide(self.history, self.policy, causes.catalogue())
             self.registry.event(self.run.id, "decision", {"restart": decision.restart, "reason": decision.reason,
                                                            "delay_s": decision.delay_s})  # fmt: skip
+            if attempt.cause is not None:
+                named = f"{attempt.cause} ({attempt.confidence or 0:.2f})"
+                self.monitor.alert(
+                    "death",
+                    "critical",
+                    en=f"attempt {attempt.n} died: {named}; {decision.reason}",
+                    zh=f"第 {attempt.n} 次尝试终止：{named}；{decision.reason}",
+                )
             if not decision.restart:
                 final = RunState(decision.final_state)
                 self._transition(final, decision.reason)
                 self._log_marker(f"run {final.value}: {decision.reason}")
+                if final is RunState.FAILED:
+                    self.monitor.alert("run_failed", "critical", en=f"run failed: {decision.reason}",
+                                       zh=f"运行失败：{decision.reason}")  # fmt: skip
                 return final
             restart_cause = attempt.cause
             self.batch_scale *= decision.batch_scale
@@ -192,17 +219,20 @@ class Supervisor:
         log_offset = os.fstat(log_fd).st_size
         started_wall = time.time()
         memory = cgroups.create(f"trainguard-{self.run.id}-{n}", opts.memory_limit) if opts.memory_limit else None
+        argv = job_argv(opts.command, opts.resume_arg, resume_from)
+        if memory:
+            # The job joins its cgroup before exec, so it allocates nothing outside it (a shell
+            # rather than preexec_fn: the supervisor has threads when it serves metrics).
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(memory.procs), *argv]
         try:
             process = subprocess.Popen(
-                job_argv(opts.command, opts.resume_arg, resume_from),
+                argv,
                 cwd=opts.cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,  # its own session: no terminal's SIGHUP reaches it
-                # In its cgroup before it allocates anything (the supervisor runs no threads).
-                preexec_fn=memory.join if memory else None,  # noqa: PLW1509
             )
         finally:
             os.close(log_fd)
@@ -307,12 +337,30 @@ class Supervisor:
                 watch.pids |= _descendants(watch.process.pid)
                 next_tree_sample = now + TREE_SAMPLE_S
                 self._check_progress(watch, now)
+                self.monitor.tick(watch.process.pid)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
                     self._dump_stacks(watch, n)
-                    self.registry.event(self.run.id, "hang", {"attempt": n, "silent_s": now - watch.last_progress_mono})
+                    silent = now - watch.last_progress_mono
+                    self.registry.event(self.run.id, "hang", {"attempt": n, "silent_s": silent})
+                    self.monitor.alert(
+                        "hang",
+                        "critical",
+                        en=f"attempt {n}: no progress for {silent:.0f} s; restarting",
+                        zh=f"第 {n} 次尝试：{silent:.0f} 秒没有进展；正在重启",
+                    )
                     return self._stop_group(watch)
             self._wait_for_exit(watch, max(0.0, next_tree_sample - self.clock()))
+
+    def _checkpoint_bytes(self) -> int | None:
+        newest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        if newest is None:
+            return None
+        path = Path(newest)
+        try:
+            return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
+        except OSError:
+            return None
 
     def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
         try:
@@ -376,7 +424,7 @@ class Supervisor:
         error_file: str,
         oom_kills: int,
     ) -> dict:
-        extra = []
+        extra = self.monitor.evidence(ended)
         if oom_kills:
             limit = self.options.memory_limit / 1024**3
             extra.append(

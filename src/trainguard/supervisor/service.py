@@ -70,6 +70,9 @@ def _job_options(run: Run) -> JobOptions:
         grace_s=o.get("grace_s", 120.0),
         stop_signal=o.get("stop_signal", 15),
         memory_limit=o.get("memory_limit"),
+        sample_interval_s=o.get("sample_interval_s", 5.0),
+        metrics_port=o.get("metrics_port"),
+        metrics_bind=o.get("metrics_bind", "127.0.0.1"),
     )
 
 

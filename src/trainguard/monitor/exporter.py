@@ -1,0 +1,139 @@
+"""Prometheus metrics of runs, GPUs and the host (``trainguard exporter``, ``run --metrics-port``).
+Every name starts with ``trainguard_`` and carries its unit; Xid errors are a counter by code, not a
+sticky gauge. Gauges come from a table, not one hand-written function each."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from trainguard.errors import UsageError
+from trainguard.monitor.sampler import GpuSample, Sample, Sampler
+from trainguard.store.registry import Registry
+
+HOST = socket.gethostname()
+
+# (metric, help, value from a host sample)
+HOST_GAUGES: list[tuple[str, str, Callable[[Sample], float | None]]] = [
+    ("trainguard_host_memory_available_bytes", "Memory the jobs can still take (MemAvailable, or less under a cgroup limit)", lambda s: s.mem_available),
+    ("trainguard_host_memory_total_bytes", "Host RAM, or the cgroup limit when lower", lambda s: s.mem_total),
+    ("trainguard_host_swap_used_bytes", "Swap in use", lambda s: s.swap_used),
+    ("trainguard_shm_used_bytes", "/dev/shm in use", lambda s: s.shm_used),
+    ("trainguard_shm_size_bytes", "/dev/shm size", lambda s: s.shm_total),
+]  # fmt: skip
+# (metric, help, value from a GPU sample)
+GPU_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
+    ("trainguard_gpu_memory_used_bytes", "GPU memory in use", lambda g: g.memory_used),
+    ("trainguard_gpu_memory_total_bytes", "GPU memory", lambda g: g.memory_total),
+    ("trainguard_gpu_utilization_ratio", "GPU utilisation, 0..1", lambda g: None if g.utilization is None else g.utilization / 100),
+    ("trainguard_gpu_temperature_celsius", "GPU temperature", lambda g: g.temperature_c),
+    ("trainguard_gpu_power_watts", "GPU power draw", lambda g: g.power_w),
+]  # fmt: skip
+# NVML clocks-event reasons (shared/reference/nvml_throttle.json)
+THROTTLE_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake",
+                    0x100: "display_clocks"}  # fmt: skip
+
+
+class TrainguardCollector(Collector):
+    def __init__(
+        self, registry: Registry | None, *, run_id: str | None = None, xid_counts: Callable[[], Counter] | None = None
+    ) -> None:
+        self.registry = registry
+        self.run_id = run_id
+        self.sampler = Sampler(disk_paths=[])
+        self.xid_counts = xid_counts
+
+    def collect(self) -> Iterator[Any]:
+        sample = self.sampler.sample(None)
+        for name, help_text, value in HOST_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["host"])
+            if (v := value(sample)) is not None:
+                family.add_metric([HOST], float(v))
+            yield family
+        for name, help_text, value in GPU_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["host", "gpu"])
+            for gpu in sample.gpus:
+                if (v := value(gpu)) is not None:
+                    family.add_metric([HOST, str(gpu.index)], float(v))
+            yield family
+        throttle = GaugeMetricFamily("trainguard_gpu_throttle_active", "1 while a clocks-event (throttle) reason is active",
+                                     labels=["host", "gpu", "reason"])  # fmt: skip
+        for gpu in sample.gpus:
+            if gpu.throttle_reasons is not None:
+                for bit, reason in THROTTLE_REASONS.items():
+                    throttle.add_metric([HOST, str(gpu.index), reason], 1.0 if gpu.throttle_reasons & bit else 0.0)
+        yield throttle
+        if self.xid_counts is not None:
+            xids = CounterMetricFamily("trainguard_gpu_xid_events", "NVIDIA Xid errors in the kernel log since boot, by code",
+                                       labels=["host", "code"])  # fmt: skip
+            for code, count in sorted(self.xid_counts().items()):
+                xids.add_metric([HOST, str(code)], count)
+            yield xids
+        if self.registry is not None:
+            yield from self._runs()
+
+    def _runs(self) -> Iterator[Any]:
+        labels = ["host", "run", "name"]
+        info = GaugeMetricFamily(
+            "trainguard_run_state_info", "1 for the run's current state", labels=[*labels, "state"]
+        )
+        attempts = CounterMetricFamily("trainguard_run_attempts", "Attempts started", labels=labels)
+        deaths = CounterMetricFamily("trainguard_run_deaths", "Attempts that died, by cause", labels=[*labels, "cause"])
+        age = GaugeMetricFamily(
+            "trainguard_run_last_checkpoint_age_seconds", "Seconds since the newest checkpoint", labels=labels
+        )
+        from trainguard.supervisor.job import find_resume
+        from trainguard.supervisor.states import PUBLIC_STATE, RunState
+
+        runs = [r for r in self.registry.all() if self.run_id in (None, r.id)]
+        for run in runs:
+            key = [run.host, run.id, run.name or ""]
+            info.add_metric([*key, PUBLIC_STATE[RunState(run.state)]], 1.0)
+            attempts.add_metric(key, len(run.attempts))
+            for cause, count in Counter(a.cause for a in run.attempts if a.cause).items():
+                deaths.add_metric([*key, cause], count)
+            folder = run.options.get("checkpoint_dir")
+            newest = find_resume(folder, run.options.get("checkpoint_glob"), settle_s=0) if folder else None
+            if newest:
+                try:
+                    import os
+
+                    age.add_metric(key, max(0.0, time.time() - os.path.getmtime(newest)))
+                except OSError:
+                    pass
+        yield from (info, attempts, deaths, age)
+
+
+def kernel_xid_counter() -> Callable[[], Counter]:
+    def count() -> Counter:
+        from trainguard.doctor.gather import _xids
+        from trainguard.probes import kernel_log
+
+        try:
+            lines, _ = kernel_log.read_live()
+        except kernel_log.KernelLogUnavailable:
+            return Counter()
+        return Counter(event.xid for event in _xids(lines))
+
+    return count
+
+
+def serve(port: int, bind: str, collector: Collector) -> Any:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return start_http_server(port, addr=bind, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {bind} is in use", f"{bind} 上的端口 {port} 已被占用") from exc
+        raise UsageError(f"cannot serve metrics on {bind}:{port}: {exc.strerror}",
+                         f"无法在 {bind}:{port} 上提供指标：{exc.strerror}") from exc  # fmt: skip

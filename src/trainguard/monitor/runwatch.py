@@ -1,0 +1,108 @@
+"""Monitoring one run from its supervisor: samples on a schedule, stored (thinned with age) in the
+registry, alert rules over them with one alert per episode, notifiers for alerts and deaths, and the
+last samples before a death as evidence for its diagnosis."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from trainguard.diagnosis.evidence import Observation
+from trainguard.diagnosis.signatures import Role
+from trainguard.monitor.alerts import Alert, Episodes, evaluate
+from trainguard.monitor.notify import Notifier
+from trainguard.monitor.sampler import Sample, Sampler
+from trainguard.store.registry import Registry
+
+log = logging.getLogger("trainguard.monitor")
+
+WINDOW_S = 15 * 60  # samples kept in memory for trends
+DOWNSAMPLE_EVERY_S = 300
+EVIDENCE_MAX_AGE_S = 30  # a sample older than this before a death says nothing about it
+
+
+def telemetry_observations(samples: Sequence[Sample], death_time: float) -> list[Observation]:
+    """What the last sample before a death says about it (pure)."""
+    before = [s for s in samples if s.time <= death_time + 1 and death_time - s.time <= EVIDENCE_MAX_AGE_S]
+    if not before:
+        return []
+    last = before[-1]
+    ago = max(0.0, death_time - last.time)
+    found = []
+
+    def add(cause: str, weight: float, text: str) -> None:
+        found.append(Observation(source="telemetry", cause=cause, weight=weight, role=Role.ROOT,
+                                 rule=f"telemetry:{cause}", text=f"{text}, {ago:.0f} s before the death"))  # fmt: skip
+
+    if last.mem_available is not None and last.mem_total and last.mem_available / last.mem_total < 0.03:
+        add("host_oom", 0.6, f"RAM {100 * (1 - last.mem_available / last.mem_total):.0f}% used "
+                              f"({last.mem_available / 2**30:.2f} GiB left)")  # fmt: skip
+    if last.shm_used is not None and last.shm_total and last.shm_used / last.shm_total >= 0.95:
+        add("shm_exhausted", 0.5, f"/dev/shm {100 * last.shm_used / last.shm_total:.0f}% full")
+    for path, free in last.disk_free.items():
+        if free < 64 * 2**20:
+            add("disk_full", 0.5, f"{path}: {free / 2**20:.0f} MiB free")
+    for gpu in last.gpus:
+        # PyTorch's caching allocator keeps memory reserved, so a full GPU is only a hint.
+        if gpu.memory_total and gpu.memory_used / gpu.memory_total >= 0.97:
+            add("cuda_oom", 0.3, f"GPU {gpu.index} memory {100 * gpu.memory_used / gpu.memory_total:.0f}% used")
+    return found
+
+
+class RunMonitor:
+    def __init__(
+        self,
+        registry: Registry,
+        run_id: str,
+        *,
+        interval_s: float,
+        disk_paths: list[str],
+        notifiers: Sequence[Notifier],
+        checkpoint_bytes: Callable[[], int | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self.sampler = Sampler(disk_paths=disk_paths)
+        self.notifiers = list(notifiers)
+        self.checkpoint_bytes = checkpoint_bytes
+        self.clock = clock
+        self.recent: deque[Sample] = deque()
+        self.episodes = Episodes()
+        self._next_sample = 0.0
+        self._next_downsample = clock() + DOWNSAMPLE_EVERY_S
+
+    def tick(self, job_pid: int | None) -> None:
+        now = self.clock()
+        if now < self._next_sample:
+            return
+        self._next_sample = now + self.interval_s
+        self.sample_now(job_pid)
+        if now >= self._next_downsample:
+            self._next_downsample = now + DOWNSAMPLE_EVERY_S
+            self.registry.downsample(self.run_id, time.time())
+
+    def sample_now(self, job_pid: int | None) -> Sample:
+        sample = self.sampler.sample(job_pid)
+        self.recent.append(sample)
+        while self.recent and sample.time - self.recent[0].time > WINDOW_S:
+            self.recent.popleft()
+        self.registry.add_sample(self.run_id, sample.time, sample.to_dict())
+        for alert in self.episodes.update(evaluate(list(self.recent), checkpoint_bytes=self.checkpoint_bytes())):
+            self.alert(alert.rule, alert.severity, alert)
+        return sample
+
+    def alert(self, rule: str, severity: str, alert: Alert | None = None, *, en: str = "", zh: str = "") -> None:
+        en, zh = (alert.en, alert.zh) if alert else (en, zh)
+        self.registry.event(self.run_id, "alert", {"rule": rule, "severity": severity, "message": en})
+        for notifier in self.notifiers:
+            text = zh if notifier.lang == "zh" else en
+            title = f"{rule} · run {self.run_id}"
+            message = {"run": self.run_id, "rule": rule, "severity": severity, "title": title, "text": text}
+            notifier.send({**message, "time": time.time()})
+
+    def evidence(self, death_time: float) -> list[Observation]:
+        return telemetry_observations(list(self.recent), death_time)
