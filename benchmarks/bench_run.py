@@ -78,7 +78,7 @@ def log_capture(work: Path, gigabytes: float) -> tuple[float, float]:
 
     # Page-cache writeback from one write slows the next: the two take turns going first, and each
     # starts with the dirty pages of the previous one flushed.
-    for round_ in range(6):
+    for round_ in range(10):
         for contender in (plain, under_trainguard) if round_ % 2 else (under_trainguard, plain):
             os.sync()
             contender(round_)

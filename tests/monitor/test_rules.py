@@ -107,3 +107,21 @@ def test_invalid_webhook_urls_are_refused(url: str) -> None:
 
     with pytest.raises(UsageError, match="invalid"):
         parse_notifier("slack", url)
+
+
+def test_a_new_xid_during_the_run_alerts_once(tmp_path) -> None:
+    from trainguard.diagnosis.evidence import KernelLine
+    from trainguard.monitor.runwatch import RunMonitor
+    from trainguard.store.registry import Registry
+
+    registry = Registry(tmp_path)
+    run = registry.create_run(["x"], name=None, cwd="/", options={})
+    monitor = RunMonitor(registry, run.id, interval_s=5, disk_paths=[], notifiers=[])
+    xid = KernelLine("NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+                     time=monitor._started + 10)  # fmt: skip
+    before_the_run = KernelLine("NVRM: Xid (PCI:0000:91:00): 48, old", time=monitor._started - 3600)
+    monitor.check_xids([before_the_run, xid])
+    monitor.check_xids([before_the_run, xid])
+    alerts = [e for e in registry.events(run.id) if e["kind"] == "alert"]
+    assert len(alerts) == 1 and alerts[0]["rule"] == "new_xid" and alerts[0]["severity"] == "critical"
+    assert "GPU has fallen off the bus" in alerts[0]["message"]

@@ -9,17 +9,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from trainguard.diagnosis.evidence import Observation
-from trainguard.diagnosis.signatures import Role
+from trainguard.diagnosis.evidence import KernelLine, Observation
+from trainguard.diagnosis.signatures import Role, default_table, lookup_xid
 from trainguard.monitor.alerts import Alert, Episodes, evaluate
 from trainguard.monitor.notify import Notifier
 from trainguard.monitor.sampler import Sample, Sampler
+from trainguard.probes import kernel_log
 from trainguard.store.registry import Registry
 
 log = logging.getLogger("trainguard.monitor")
+_XID = default_table().by_id("nvrm_xid").regex
 
 WINDOW_S = 15 * 60  # samples kept in memory for trends
 DOWNSAMPLE_EVERY_S = 300
+XID_EVERY_S = 30  # how often the kernel log is read for new Xid errors
 EVIDENCE_MAX_AGE_S = 30  # a sample older than this before a death says nothing about it
 
 
@@ -72,8 +75,14 @@ class RunMonitor:
         self.clock = clock
         self.recent: deque[Sample] = deque()
         self.episodes = Episodes()
-        self._next_sample = 0.0
+        # The first readings wait a moment: a job that dies at once is not kept waiting on them, and
+        # NVML is started now, before any job runs.
+        self._next_sample = clock() + min(interval_s, 1.0)
         self._next_downsample = clock() + DOWNSAMPLE_EVERY_S
+        self._next_xid = clock() + XID_EVERY_S
+        self.sampler.warm_up()
+        self._started = time.time()
+        self._seen_xids: set[str] = set()
 
     def tick(self, job_pid: int | None) -> None:
         now = self.clock()
@@ -84,6 +93,28 @@ class RunMonitor:
         if now >= self._next_downsample:
             self._next_downsample = now + DOWNSAMPLE_EVERY_S
             self.registry.downsample(self.run_id, time.time())
+        if now >= self._next_xid:
+            self._next_xid = now + XID_EVERY_S
+            self.check_xids()
+
+    def check_xids(self, lines: Sequence[KernelLine] | None = None) -> None:
+        """Alert once for each Xid line the kernel logged since the run started."""
+        if lines is None:
+            try:
+                lines, _ = kernel_log.read_live()
+            except kernel_log.KernelLogUnavailable:
+                return
+        for line in lines:
+            if line.time is not None and line.time < self._started:
+                continue
+            match = _XID.search(line.text.encode("utf-8", "replace"))
+            if match is None or line.text in self._seen_xids:
+                continue
+            self._seen_xids.add(line.text)
+            info = lookup_xid(int(match.group("xid")))
+            severity = "critical" if info.cause == "gpu_hardware" and info.weight >= 0.8 else "warning"
+            self.alert("new_xid", severity, en=f"Xid {info.xid} ({info.name}): {info.action} — {line.text}",
+                       zh=f"Xid {info.xid}（{info.name}）：{line.text}")  # fmt: skip
 
     def sample_now(self, job_pid: int | None) -> Sample:
         sample = self.sampler.sample(job_pid)

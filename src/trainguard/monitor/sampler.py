@@ -124,6 +124,9 @@ class Sampler:
         self._last_rss: int | None = None
         self._nvml = _Nvml()
 
+    def warm_up(self) -> None:
+        self._nvml.start()
+
     def sample(self, job_pid: int | None) -> Sample:
         self._ticks += 1
         memory = swap = None

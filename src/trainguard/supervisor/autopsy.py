@@ -51,6 +51,7 @@ def attempt_report(
     error_file: str | None,
     hang_timeout_s: float | None = None,
     extra: list[Observation] | None = None,
+    kernel_tail: kernel_log.KernelTail | None = None,
 ) -> Report:
     extra = list(extra or [])
     if hang_timeout_s is not None:
@@ -69,7 +70,7 @@ def attempt_report(
     if error_text:
         sources.append(LogSource("error file", [error_text.encode()]))
     try:
-        lines, _ = kernel_log.read_live()
+        lines = kernel_tail.read_new() if kernel_tail is not None else kernel_log.read_live()[0]
         window = kernel_log.in_window(lines, started - KERNEL_SLACK_S, ended + KERNEL_SLACK_S)
         kernel_lines = [line for line in window if line.time is not None]
     except kernel_log.KernelLogUnavailable:

@@ -30,7 +30,7 @@ from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter,
 from trainguard.monitor.notify import from_record
 from trainguard.monitor.runwatch import RunMonitor
 from trainguard.postmortem import default_scanner, diagnosis_dict
-from trainguard.probes import cgroups
+from trainguard.probes import cgroups, kernel_log
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
@@ -55,6 +55,7 @@ class _AttemptWatch:
     last_checkpoint: str | None = None
     hung: bool = False
     pidfd: int | None = None
+    kernel: kernel_log.KernelTail | None = None
 
 
 EXIT_UNKNOWN = -(1 << 16)  # an adopted job is not our child: its exit status cannot be had
@@ -219,6 +220,7 @@ class Supervisor:
         log_offset = os.fstat(log_fd).st_size
         started_wall = time.time()
         memory = cgroups.create(f"trainguard-{self.run.id}-{n}", opts.memory_limit) if opts.memory_limit else None
+        kernel_tail = kernel_log.KernelTail()  # opened before the job starts: none of its records are missed
         argv = job_argv(opts.command, opts.resume_arg, resume_from)
         if memory:
             # The job joins its cgroup before exec, so it allocates nothing outside it (a shell
@@ -245,7 +247,7 @@ class Supervisor:
         self.registry.start_attempt(self.run.id, attempt)
         self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
 
-        return self._conclude(process, attempt, error_file, memory)
+        return self._conclude(process, attempt, error_file, memory, kernel_tail)
 
     def _adopt_attempt(self, attempt: Attempt) -> tuple[Outcome, Attempt]:
         self._log_marker(f"attempt {attempt.n} (pid {attempt.pid}) taken back under watch")
@@ -253,16 +255,23 @@ class Supervisor:
         if self.state is not RunState.RUNNING:
             self._transition(RunState.RUNNING, f"attempt {attempt.n} adopted", pid=attempt.pid)
         error_file = os.path.join(self.run.run_dir, f"attempt-{attempt.n}.error.json")
-        return self._conclude(_AdoptedProcess(attempt.pid or 0), attempt, error_file, None)
+        # No tail: the records of an adopted job's death may predate the adoption; read the whole log.
+        return self._conclude(_AdoptedProcess(attempt.pid or 0), attempt, error_file, None, None)
 
     def _conclude(
-        self, process: Any, attempt: Attempt, error_file: str, memory: cgroups.MemoryCgroup | None
+        self,
+        process: Any,
+        attempt: Attempt,
+        error_file: str,
+        memory: cgroups.MemoryCgroup | None,
+        kernel_tail: kernel_log.KernelTail | None,
     ) -> tuple[Outcome, Attempt]:
         """Watch the attempt to its end, name the death, and sum it up for the policy."""
         opts = self.options
         n, resume_from, log_offset = attempt.n, attempt.resumed_from, attempt.log_offset
         started_wall = attempt.started_at
         watch = _AttemptWatch(process, self.clock(), log_offset, resume_from, {process.pid})
+        watch.kernel = kernel_tail
         watch.last_progress_mono = watch.started_mono
         watch.last_log_size = log_offset
         watch.last_checkpoint = resume_from
@@ -285,6 +294,8 @@ class Supervisor:
             attempt.cause = diagnosis["cause"]
             attempt.confidence = diagnosis["confidence"]
             attempt.diagnosis = diagnosis
+        if watch.kernel is not None:
+            watch.kernel.close()
         self.registry.end_attempt(self.run.id, attempt)
         outcome = Outcome(
             exit_code=attempt.exit_code,
@@ -449,6 +460,7 @@ class Supervisor:
             error_file=error_file,
             hang_timeout_s=self.options.hang_timeout_s if watch.hung else None,
             extra=extra,
+            kernel_tail=watch.kernel,
         )
         return diagnosis_dict(report.diagnosis, "en")
 
