@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -258,3 +259,20 @@ def test_under_trainguard_run_the_folder_comes_from_the_environment(tmp_path: Pa
     monkeypatch.setenv("TRAINGUARD_CHECKPOINT_DIR", str(tmp_path / "from-env"))
     with Checkpointer(handle_signals=False) as ckpt:
         assert ckpt.directory == tmp_path / "from-env"
+
+
+def test_a_forked_child_holding_the_writer_socket_does_not_delay_exit(tmp_path: Path) -> None:
+    # DataLoader workers are forked from the trainer and keep copies of its file descriptors.
+    script = f"""
+        import os, time, torch
+        from trainguard import Checkpointer
+        ckpt = Checkpointer({str(tmp_path)!r}, handle_signals=False)
+        ckpt.save({{"w": torch.ones(10)}}, 1)
+        ckpt.wait()
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+    """
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, timeout=60)
+    assert time.monotonic() - started < 10

@@ -183,7 +183,9 @@ def test_the_grafana_dashboard_only_uses_metrics_the_exporter_serves(tmp_path: P
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TrainguardCollector(Registry(home), xid_counts=Counter))
-    served = {line.split(" ")[2] for line in generate_latest(registry).decode().splitlines() if line.startswith("# TYPE")}
+    served = {
+        line.split(" ")[2] for line in generate_latest(registry).decode().splitlines() if line.startswith("# TYPE")
+    }
     served |= {name + "_total" for name in served}
     dashboard = json.loads((Path(__file__).parents[2] / "dashboards" / "trainguard-grafana.json").read_text())
     used = {name for panel in dashboard["panels"] for target in panel["targets"]

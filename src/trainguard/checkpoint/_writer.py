@@ -28,6 +28,8 @@ def serve(connection: Connection, memfd: int) -> int:
             job = connection.recv()
         except (EOFError, OSError):
             return 0
+        if job.get("exit"):
+            return 0
         try:
             if job["buffer_size"] and (mapped is None or len(mapped) != job["buffer_size"]):
                 if mapped is not None:

@@ -173,6 +173,10 @@ class _Writer:
         return self.process.poll() is None
 
     def close(self) -> None:
+        # Said, not implied by closing the socket: processes forked from the trainer (DataLoader
+        # workers) hold copies of it, so the writer would wait for an EOF that never comes.
+        with contextlib.suppress(OSError, ValueError):
+            self.connection.send({"exit": True})
         self.connection.close()
         try:
             self.process.wait(timeout=60)

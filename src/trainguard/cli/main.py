@@ -18,6 +18,7 @@ def cli() -> None:
     """trainguard keeps GPU training jobs alive.
 
     \b
+    trainguard demo              the whole story on a toy job with real faults (a minute)
     trainguard run -- CMD        run a job detached, watched, restarted and resumed
     trainguard ps / status RUN   runs, their attempts and causes of death
     trainguard logs RUN [-f]     a run's output
@@ -30,11 +31,12 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from trainguard.cli.demo import demo
     from trainguard.cli.diagnose import diagnose
     from trainguard.cli.doctor import doctor
     from trainguard.cli.runs import adopt, exporter, logs, ps, run, status, stop
 
-    for command in (run, ps, status, logs, stop, adopt, diagnose, doctor, exporter):
+    for command in (demo, run, ps, status, logs, stop, adopt, diagnose, doctor, exporter):
         cli.add_command(command)
 
 
