@@ -27,6 +27,7 @@ def cli() -> None:
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     trainguard doctor            what will kill it, before it does
     trainguard exporter          Prometheus metrics of runs, GPUs and the host
+    trainguard report RUN        an HTML timeline of a run: resources, attempts, causes
     """
 
 
@@ -34,9 +35,9 @@ def _register() -> None:
     from trainguard.cli.demo import demo
     from trainguard.cli.diagnose import diagnose
     from trainguard.cli.doctor import doctor
-    from trainguard.cli.runs import adopt, exporter, logs, ps, run, status, stop
+    from trainguard.cli.runs import adopt, exporter, logs, ps, report, run, status, stop
 
-    for command in (demo, run, ps, status, logs, stop, adopt, diagnose, doctor, exporter):
+    for command in (demo, run, ps, status, logs, stop, adopt, diagnose, doctor, exporter, report):
         cli.add_command(command)
 
 

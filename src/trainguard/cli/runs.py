@@ -337,6 +337,40 @@ def status(ref: str, as_json: bool) -> int:
     return 1 if public == "failed" else 0
 
 
+@click.command()
+@click.argument("ref", metavar="RUN")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Where to write the page (default: the run's folder)."
+)
+def report(ref: str, output: str | None) -> int:
+    """Write one self-contained HTML page of a run: its timeline, attempts, deaths and alerts."""
+    from trainguard.checkpoint._format import complete_checkpoints, read_manifest
+    from trainguard.report.html import Marker, render
+
+    registry = _registry()
+    record = registry.resolve(ref)
+    markers = [Marker(e["time"], e.get("message", e.get("rule", "alert")), "alert")
+               for e in registry.events(record.id) if e["kind"] == "alert"]  # fmt: skip
+    folder = record.options.get("checkpoint_dir")
+    for path in complete_checkpoints(Path(folder)) if folder else []:
+        try:
+            manifest = read_manifest(path)
+        except Exception:
+            continue
+        markers.append(Marker(manifest.time, f"checkpoint step {manifest.step}", "checkpoint"))
+    page = render(record, registry.samples(record.id), sorted(markers, key=lambda m: m.time),
+                  lang=choose_language(None, os.environ))  # fmt: skip
+    target = Path(output) if output else Path(record.run_dir) / "report.html"
+    try:
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror}", f"无法写入 {target}：{exc.strerror}") from exc
+    click.echo(str(target))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- logs
 def _attempt_range(run_record: Run, attempt: int | None) -> tuple[int, int | None]:
     if attempt is None:
