@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard._proc import pid_alive
+
 FORMAT_VERSION = 1
 DATA_FILE = "tensors.bin"
 TREE_FILE = "tree.pkl"
@@ -257,16 +259,6 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(directory: Path) -> list[Path]:
     """Remove what killed saves left behind: temporary folders, and renamed folders whose manifest was
     never written. While another process is saving into the folder, only the temporary folders of
@@ -277,7 +269,7 @@ def clean_stale(directory: Path) -> list[Path]:
     with _writing_lock(directory, blocking=False) as nobody_writing:
         for path in directory.iterdir():
             tmp = _TMP_NAME.match(path.name)
-            abandoned = (tmp is not None and (nobody_writing or not _pid_alive(int(tmp.group(1))))) or (
+            abandoned = (tmp is not None and (nobody_writing or not pid_alive(int(tmp.group(1))))) or (
                 nobody_writing and step_of(path) is not None and not (path / MANIFEST_FILE).exists()
             )
             if abandoned:

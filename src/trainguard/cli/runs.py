@@ -15,10 +15,11 @@ from typing import Any
 import click
 
 from trainguard._i18n import choose_language
+from trainguard._proc import pid_alive
 from trainguard.errors import UsageError
 from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import state_dir
-from trainguard.store.registry import Registry, Run, close_runs_lost_to_reboot, pid_alive
+from trainguard.store.registry import Registry, Run, close_runs_lost_to_reboot
 from trainguard.supervisor import service
 from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.units import parse_duration, parse_size

@@ -348,15 +348,3 @@ def close_runs_lost_to_reboot(registry: Registry, current_boot: str | None = Non
         )
         closed.append(run.id)
     return closed
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard._proc import pid_alive
 from trainguard.causes import CAUSE_IDS, Retry
 from trainguard.errors import UsageError
 from trainguard.paths import state_dir
-from trainguard.store.registry import Registry, Run, pid_alive
+from trainguard.store.registry import Registry, Run
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.policy import RestartPolicy
 from trainguard.supervisor.runner import Supervisor
