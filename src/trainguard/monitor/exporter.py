@@ -4,7 +4,9 @@ sticky gauge. Gauges come from a table, not one hand-written function each."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import socket
 import time
 from collections import Counter
@@ -104,12 +106,8 @@ class TrainguardCollector(Collector):
             folder = run.options.get("checkpoint_dir")
             newest = find_resume(folder, run.options.get("checkpoint_glob"), settle_s=0) if folder else None
             if newest:
-                try:
-                    import os
-
+                with contextlib.suppress(OSError):
                     age.add_metric(key, max(0.0, time.time() - os.path.getmtime(newest)))
-                except OSError:
-                    pass
         yield from (info, attempts, deaths, age)
 
 
