@@ -23,3 +23,11 @@ def trainguard_cmd() -> list[str]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A state folder of the test's own, for every trainguard the test starts."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv("TRAINGUARD_HOME", str(folder))
+    return folder

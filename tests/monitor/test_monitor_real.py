@@ -22,13 +22,6 @@ from trainguard.store.registry import Registry
 pytestmark = pytest.mark.real
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch) -> Path:
-    folder = tmp_path / "state"
-    monkeypatch.setenv("TRAINGUARD_HOME", str(folder))
-    return folder
-
-
 def tg(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainguard", *args], capture_output=True, text=True,
                           timeout=timeout, check=False)  # fmt: skip

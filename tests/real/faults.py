@@ -14,6 +14,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+# A DataLoader whose workers pass 3x256x256 float batches through /dev/shm (needs torch).
+DATALOADER_JOB = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Images(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, index):
+        return torch.ones(3, 256, 256)
+
+for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
+    print(f"step {step} batch {tuple(batch.shape)}", flush=True)
+"""
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
 

@@ -73,23 +73,7 @@ def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted(tmp_path: Path) -
     pytest.importorskip("torch", reason="the DataLoader reproduction needs torch (pip install -e '.[test]')")
     if reason := faults.why_no_mount_namespace():
         pytest.skip(reason)
-    loader = write_script(
-        tmp_path,
-        "loader.py",
-        """
-        import torch
-        from torch.utils.data import DataLoader, Dataset
-
-        class Images(Dataset):
-            def __len__(self):
-                return 64
-            def __getitem__(self, index):
-                return torch.ones(3, 256, 256)
-
-        for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
-            print(f"step {step} batch {tuple(batch.shape)}", flush=True)
-    """,
-    )
+    loader = write_script(tmp_path, "loader.py", faults.DATALOADER_JOB)
     log = tmp_path / "train.log"
     status = faults.run_to_log(faults.with_tiny_dev_shm([sys.executable, str(loader)]), log)
     assert status != 0, log.read_text()

@@ -23,13 +23,6 @@ from tests.real import faults
 pytestmark = pytest.mark.real
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch) -> Path:
-    folder = tmp_path / "state"
-    monkeypatch.setenv("TRAINGUARD_HOME", str(folder))
-    return folder
-
-
 def tg(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainguard", *args], capture_output=True, text=True,
                           timeout=timeout, check=False, **kwargs)  # fmt: skip
@@ -274,21 +267,7 @@ def test_dataloader_workers_on_a_1mb_dev_shm_are_shm_exhausted_and_not_retried(t
     pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
     if reason := faults.why_no_mount_namespace():
         pytest.skip(reason)
-    job = script(
-        tmp_path,
-        "loader.py",
-        """
-        import torch
-        from torch.utils.data import DataLoader, Dataset
-        class Images(Dataset):
-            def __len__(self):
-                return 64
-            def __getitem__(self, index):
-                return torch.ones(3, 256, 256)
-        for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
-            print("step", step, flush=True)
-    """,
-    )
+    job = script(tmp_path, "loader.py", faults.DATALOADER_JOB)
     command = faults.with_tiny_dev_shm([sys.executable, "-m", "trainguard", "run", "--foreground", "--",
                                         sys.executable, job])  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
