@@ -4,7 +4,7 @@ and asks the pure classifier. The supervisor and ``trainguard diagnose`` both ca
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -36,7 +36,6 @@ class Report:
     lines_scanned: int
     bytes_scanned: int
     engine: str
-    notes: tuple[str, ...] = field(default=())
 
 
 @cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -448,8 +449,9 @@ def stop(ref: str, wait: bool) -> int:
     if _supervisor_alive(run_record):
         os.kill(run_record.supervisor_pid, signal.SIGTERM)
     elif pid_alive(run_record.job_pid):
-        # No supervisor to do it: signal the job's process group directly.
-        os.killpg(run_record.job_pid, run_record.options.get("stop_signal", signal.SIGTERM))
+        # No supervisor to do it: signal the job's process group directly (it may end meanwhile).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run_record.job_pid, run_record.options.get("stop_signal", signal.SIGTERM))
         registry.set_state(run_record.id, "stopped", reason="stopped on request (no supervisor)")
     else:
         registry.set_state(run_record.id, "stopped", reason="nothing was running")

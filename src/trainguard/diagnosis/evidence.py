@@ -195,3 +195,15 @@ def observations_from_kernel(
                 )
             )
     return found
+
+
+def xid_lines(lines: Iterable[KernelLine]) -> list[tuple[int, KernelLine]]:
+    """The NVIDIA Xid records among kernel-log lines, with their codes (doctor, monitor, exporter)."""
+    from trainguard.diagnosis.signatures import default_table
+
+    pattern = default_table().by_id("nvrm_xid").regex
+    found = []
+    for line in lines:
+        if match := pattern.search(line.text.encode("utf-8", "replace")):
+            found.append((int(match.group("xid")), line))
+    return found

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint._format import complete_checkpoints, read_manifest
+from trainguard.diagnosis.evidence import xid_lines
 from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, XidEvent
 from trainguard.probes import kernel_log
 from trainguard.probes.memory import cgroup_limit, meminfo_available
@@ -249,20 +250,9 @@ def gather(
             lines = kernel_log.read_saved(kernel_log_file)
         else:
             lines, _ = kernel_log.read_live()
-        facts["xids"] = tuple(_xids(lines))
+        facts["xids"] = tuple(XidEvent(code, line.text) for code, line in xid_lines(lines))
     except kernel_log.KernelLogUnavailable as exc:
         unknown["xids"] = exc.message_en
     except OSError as exc:
         unknown["xids"] = f"cannot read {kernel_log_file}: {exc.strerror}"
     return Facts(**facts, unknown=unknown)
-
-
-def _xids(lines: list[kernel_log.KernelLine]) -> list[XidEvent]:
-    from trainguard.diagnosis.signatures import default_table
-
-    pattern = default_table().by_id("nvrm_xid").regex
-    events = []
-    for line in lines:
-        if match := pattern.search(line.text.encode("utf-8", "replace")):
-            events.append(XidEvent(int(match.group("xid")), line.text))
-    return events

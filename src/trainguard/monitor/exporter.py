@@ -113,14 +113,14 @@ class TrainguardCollector(Collector):
 
 def kernel_xid_counter() -> Callable[[], Counter]:
     def count() -> Counter:
-        from trainguard.doctor.gather import _xids
+        from trainguard.diagnosis.evidence import xid_lines
         from trainguard.probes import kernel_log
 
         try:
             lines, _ = kernel_log.read_live()
         except kernel_log.KernelLogUnavailable:
             return Counter()
-        return Counter(event.xid for event in _xids(lines))
+        return Counter(code for code, _ in xid_lines(lines))
 
     return count
 

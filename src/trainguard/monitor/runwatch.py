@@ -9,8 +9,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from trainguard.diagnosis.evidence import KernelLine, Observation
-from trainguard.diagnosis.signatures import Role, default_table, lookup_xid
+from trainguard.diagnosis.evidence import KernelLine, Observation, xid_lines
+from trainguard.diagnosis.signatures import Role, lookup_xid
 from trainguard.monitor.alerts import Alert, Episodes, evaluate
 from trainguard.monitor.notify import Notifier
 from trainguard.monitor.sampler import Sample, Sampler
@@ -18,7 +18,6 @@ from trainguard.probes import kernel_log
 from trainguard.store.registry import Registry
 
 log = logging.getLogger("trainguard.monitor")
-_XID = default_table().by_id("nvrm_xid").regex
 
 WINDOW_S = 15 * 60  # samples kept in memory for trends
 DOWNSAMPLE_EVERY_S = 300
@@ -104,14 +103,11 @@ class RunMonitor:
                 lines, _ = kernel_log.read_live()
             except kernel_log.KernelLogUnavailable:
                 return
-        for line in lines:
-            if line.time is not None and line.time < self._started:
-                continue
-            match = _XID.search(line.text.encode("utf-8", "replace"))
-            if match is None or line.text in self._seen_xids:
+        for code, line in xid_lines(lines):
+            if (line.time is not None and line.time < self._started) or line.text in self._seen_xids:
                 continue
             self._seen_xids.add(line.text)
-            info = lookup_xid(int(match.group("xid")))
+            info = lookup_xid(code)
             severity = "critical" if info.cause == "gpu_hardware" and info.weight >= 0.8 else "warning"
             self.alert("new_xid", severity, en=f"Xid {info.xid} ({info.name}): {info.action} — {line.text}",
                        zh=f"Xid {info.xid}（{info.name}）：{line.text}")  # fmt: skip

@@ -159,7 +159,7 @@ class KernelTail:
                     break
                 if exc.errno == errno.EPIPE:
                     continue
-                raise KernelLogUnavailable(f"/dev/kmsg: {exc.strerror}") from exc
+                raise KernelLogUnavailable(f"/dev/kmsg: {exc.strerror}", f"/dev/kmsg：{exc.strerror}") from exc
             if not chunk:
                 break
             records.append(chunk.decode("utf-8", "replace").split("\n", 1)[0])
