@@ -82,7 +82,7 @@ def test_illegal_transitions_raise() -> None:
 def test_the_job_environment_and_resume_argument() -> None:
     env = job_environment({"PATH": "/bin", "PYTHONUNBUFFERED": "0", "TRAINGUARD_RESUME_FROM": "stale"},
                           run_id="ab12", attempt=2, restart_cause="cuda_oom", checkpoint_dir="/ck",
-                          resume_from=None, batch_scale=0.5, error_file="/e.json")  # fmt: skip
+                          resume_from=None, batch_scale=0.5, error_file="/e.json", progress_file="/p.json")  # fmt: skip
     assert env["TRAINGUARD_ATTEMPT"] == "2" and env["TRAINGUARD_RESTART_CAUSE"] == "cuda_oom"
     assert env["TRAINGUARD_BATCH_SCALE"] == "0.5" and "TRAINGUARD_RESUME_FROM" not in env
     assert env["PYTHONUNBUFFERED"] == "0" and env["PYTHONFAULTHANDLER"] == "1"  # the user's choice stays

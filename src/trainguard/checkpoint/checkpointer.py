@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from trainguard import progress
 from trainguard.checkpoint import _tree
 from trainguard.checkpoint._format import (
     DATA_FILE,
@@ -288,11 +289,13 @@ class Checkpointer:
 
         A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
         training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
+        progress.report_step(step)
         if self._signal is not None and not self._stop_requested:
             self._stop_requested = True
             saved = self._save_logged(state, step, blocking=True)
             log.warning("signal %s received: %s step %d; stop the training loop",
                         self._signal, "saved" if saved else "could not save", step)  # fmt: skip
+            progress.report_stop(self._signal, step)
             return saved
         if not self._due(step):
             return False
@@ -412,6 +415,7 @@ class Checkpointer:
                 continue
             self._last_saved_step = step_of(path)
             self._last_save_time = self._clock()
+            progress.report_resumed(self._last_saved_step)
             return state
         return None
 

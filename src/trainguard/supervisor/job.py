@@ -40,6 +40,7 @@ def job_environment(
     resume_from: str | None,
     batch_scale: float,
     error_file: str,
+    progress_file: str,
 ) -> dict[str, str]:
     env = dict(base)
     env.update(
@@ -48,6 +49,7 @@ def job_environment(
         TRAINGUARD_CHECKPOINT_DIR=checkpoint_dir,
         TRAINGUARD_BATCH_SCALE=f"{batch_scale:g}",
         TRAINGUARD_ERROR_FILE=error_file,
+        TRAINGUARD_PROGRESS_FILE=progress_file,
     )
     for name, value in (("TRAINGUARD_RESTART_CAUSE", restart_cause), ("TRAINGUARD_RESUME_FROM", resume_from)):
         if value is None:

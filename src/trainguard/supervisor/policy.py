@@ -35,7 +35,7 @@ class Outcome:
 
     @property
     def succeeded(self) -> bool:
-        return not self.stopped_by_user and self.exit_code == 0 and self.signal is None
+        return not self.stopped_by_user and self.exit_code == 0 and self.signal is None and self.cause is None
 
     @property
     def progressed(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from trainguard import causes
+from trainguard import causes, progress
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
@@ -210,6 +210,7 @@ class Supervisor:
             resume_from=resume_from,
             batch_scale=self.batch_scale,
             error_file=error_file,
+            progress_file=self._progress_file(n),
         )
         marker = f"attempt {n}"
         if restart_cause:
@@ -287,10 +288,12 @@ class Supervisor:
         oom_kills = memory.oom_kills() if memory else 0
         if memory:
             memory.remove()
-        if returncode == 0 or stopped:
+        stopped_itself = self._stopped_on_signal(n) if returncode == 0 and not stopped else None
+        if (returncode == 0 and stopped_itself is None) or stopped:
             attempt.cause = None
         else:
-            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file, oom_kills)
+            extra = [stopped_itself] if stopped_itself else []
+            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file, oom_kills, extra)
             attempt.cause = diagnosis["cause"]
             attempt.confidence = diagnosis["confidence"]
             attempt.diagnosis = diagnosis
@@ -426,6 +429,31 @@ class Supervisor:
                     break
         return count
 
+    def _progress_file(self, n: int) -> str:
+        return os.path.join(self.run.run_dir, f"attempt-{n}.progress.json")
+
+    def _stopped_on_signal(self, n: int) -> Observation | None:
+        """A job that saved and left its loop because a signal asked it to (a scheduler's SIGTERM, a
+        pre-timeout SIGUSR1) exits 0, but its training is not finished: that attempt was preempted."""
+        record = progress.read(self._progress_file(n))
+        signum = record.get("stop_signal")
+        if not signum:
+            return None
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        at_step = f" at step {record['step']}" if record.get("step") is not None else ""
+        return Observation(
+            source="telemetry",
+            cause="preempted",
+            weight=0.95,
+            role=Role.ROOT,
+            rule="progress:stopped_on_signal",
+            text=f"the job received {name}, saved{at_step} and stopped by itself (exit 0): it was asked to stop "
+            "from outside trainguard",
+        )
+
     def _diagnose(
         self,
         watch: _AttemptWatch,
@@ -434,8 +462,9 @@ class Supervisor:
         ended: float,
         error_file: str,
         oom_kills: int,
+        extra: list[Observation] | None = None,
     ) -> dict:
-        extra = self.monitor.evidence(ended)
+        extra = self.monitor.evidence(ended) + (extra or [])
         if oom_kills:
             limit = self.options.memory_limit / 1024**3
             extra.append(

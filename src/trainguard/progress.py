@@ -1,0 +1,106 @@
+"""What a training process tells its supervisor: how far it got, where it resumed from, and that it
+stopped because a signal asked it to. The training side of this (``report_*``) is stdlib only and
+never raises; the supervisor side (``read``) merges what every rank wrote.
+
+Under ``trainguard run`` the supervisor sets ``TRAINGUARD_PROGRESS_FILE`` for each attempt. Each
+process writes one small JSON object there, replaced atomically (temporary file, rename), so a reader
+never sees half of one. Rank 0 (or a process without ``RANK``) writes the file itself, other ranks
+``<file>.rank<N>``. Progress is written at most once per ``PROGRESS_INTERVAL_S``; a resume and a
+stop are written at once.
+
+Fields (all optional): ``step`` and ``step_time`` (the newest step reached, wall time), ``first_step``
+and ``first_step_time`` (the first step of this attempt: when it was training again),
+``resumed_step``, ``stop_signal`` and ``stop_time`` (a SIGTERM/SIGUSR1 made the job save and stop),
+``pid``, ``rank``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+PROGRESS_FILE_ENV = "TRAINGUARD_PROGRESS_FILE"
+PROGRESS_INTERVAL_S = 2.0
+
+_record: dict[str, Any] = {}
+_last_write = 0.0
+
+
+def _target() -> str | None:
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    if not path:
+        return None
+    rank = os.environ.get("RANK", "0")
+    return path if rank in ("", "0") else f"{path}.rank{rank}"
+
+
+def _write(now: float) -> None:
+    global _last_write
+    target = _target()
+    if target is None:
+        return
+    _last_write = now
+    _record.update(pid=os.getpid(), rank=int(os.environ.get("RANK") or 0))
+    try:
+        folder = os.path.dirname(os.path.abspath(target))
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, prefix=".tmp-progress-") as out:
+            json.dump(_record, out)
+        os.replace(out.name, target)
+    except OSError:
+        with contextlib.suppress(OSError, NameError):
+            os.unlink(out.name)  # a full disk must not stop the training: the report is lost, not the job
+
+
+def report_step(step: int, *, force: bool = False) -> None:
+    """The job reached ``step``. Cheap enough to call every step: written at most every 2 s."""
+    now = time.time()
+    if "first_step" not in _record:
+        _record.update(first_step=step, first_step_time=now)
+        force = True
+    _record.update(step=step, step_time=now)
+    if force or now - _last_write >= PROGRESS_INTERVAL_S:
+        _write(now)
+
+
+def report_resumed(step: int) -> None:
+    """The job loaded the checkpoint of ``step`` and continues after it."""
+    _record["resumed_step"] = step
+    _write(time.time())
+
+
+def report_stop(signal_number: int, step: int | None = None) -> None:
+    """A stop signal arrived and the job is leaving its loop on purpose (its state saved): the
+    supervisor reads an exit 0 after this as a preemption, not as the end of the training."""
+    now = time.time()
+    if step is not None:
+        _record.update(step=step, step_time=now)
+    _record.update(stop_signal=int(signal_number), stop_time=now)
+    _write(now)
+
+
+def read(path: str) -> dict[str, Any]:
+    """What the job's processes reported for one attempt: rank 0's record, with the earliest stop
+    signal and the earliest first step of any rank. Empty when nothing was written."""
+    records = {}
+    for name in glob.glob(glob.escape(path)) + glob.glob(glob.escape(path) + ".rank*"):
+        try:
+            with open(name, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records[name] = record
+    if not records:
+        return {}
+    merged = dict(records.get(path) or next(iter(records.values())))
+    for key, time_key in (("stop_signal", "stop_time"), ("first_step", "first_step_time")):
+        timed = [r for r in records.values() if isinstance(r.get(time_key), (int, float))]
+        if timed:
+            earliest = min(timed, key=lambda r: r[time_key])
+            merged.update({key: earliest.get(key), time_key: earliest[time_key]})
+    return merged
