@@ -1,12 +1,12 @@
 """`trainguard run` benchmark, each figure against a baseline measured in the same run:
 
-1. log capture: a job writing 1 GB in 64 KB blocks under trainguard vs the same job with `> file`,
-   as the job measures its own write throughput                                      (goal >= 0.95)
+1. log capture: a job writing 512 MB in 64 KB blocks under trainguard vs the same job with `> file`,
+   as the job measures its own write time; each attempt writes a fresh file of its own (goal >= 0.98)
 2. restart latency: from the job's death to the next attempt's exec, minus the configured backoff,
    against a bare `python -c pass` spawn                                             (goal <= 3x)
 3. the supervisor's cost while a job runs: CPU share of one core and RSS   (goal <= 1%, <= 60 MB)
 
-    python benchmarks/bench_run.py [--gb 1.0]
+    python benchmarks/bench_run.py [--gb 0.5] [--dir FOLDER]
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def supervisor_cost(work: Path, seconds: float) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gb", type=float, default=1.0)
+    parser.add_argument("--gb", type=float, default=0.5)
     parser.add_argument("--cost-seconds", type=float, default=20.0)
     parser.add_argument(
         "--dir",
@@ -146,7 +146,7 @@ def main() -> int:
     try:
         plain, under = log_capture(work, args.gb)
         print(f"1. log capture: plain > file {plain / 1e9:.2f} GB/s, under trainguard {under / 1e9:.2f} GB/s; "
-              f"ratio {under / plain:.3f}  (goal >= 0.95)")  # fmt: skip
+              f"ratio {under / plain:.3f}  (goal >= 0.98)")  # fmt: skip
         latency, spawn = restart_latency(work)
         backoff = 2.0  # the policy's first backoff (policy.BACKOFF_BASE_S)
         net = latency - backoff

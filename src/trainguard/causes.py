@@ -17,6 +17,11 @@ class Retry(str, Enum):
     ONCE = "once"
 
 
+# How `run --foreground` exits when a run ends failed with a cause (DESIGN section 5), so that Slurm,
+# Kubernetes (podFailurePolicy onExitCodes), Kubeflow and Ray can act on the verdict.
+VERDICT_EXIT = {"tempfail": 75, "config": 78, "fail": 1}
+
+
 @dataclass(frozen=True)
 class Cause:
     id: str
@@ -26,6 +31,12 @@ class Cause:
     retry_pause_s: float
     batch_scale: float
     evidence_kinds: tuple[str, ...]
+    verdict: str = "fail"
+    restart_at_once: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict]
 
     def title_in(self, lang: str) -> str:
         return self.title.get(lang) or self.title["en"]
@@ -50,6 +61,9 @@ CAUSE_IDS = (
     "python_error",
     "hang",
     "node_reboot",
+    "killed",
+    "peer_failure",
+    "bad_command",
     "unknown",
 )
 UNKNOWN = "unknown"
@@ -69,9 +83,13 @@ def _parse(raw: dict) -> dict[str, Cause]:
                 retry_pause_s=float(row.get("retry_pause_s", 0)),
                 batch_scale=float(row.get("batch_scale", 1.0)),
                 evidence_kinds=tuple(row.get("evidence", ())),
+                verdict=row["verdict"],
+                restart_at_once=bool(row.get("restart_at_once", False)),
             )
         except (KeyError, ValueError) as exc:
             raise DataError(f"causes.toml: bad entry {cause_id!r}: {exc}") from exc
+        if causes[cause_id].verdict not in VERDICT_EXIT:
+            raise DataError(f"causes.toml: {cause_id!r} has verdict {causes[cause_id].verdict!r}")
         if set(causes[cause_id].title) != {"en", "zh"} or set(causes[cause_id].fixes) != {"en", "zh"}:
             raise DataError(f"causes.toml: {cause_id!r} needs a title and fixes in en and zh")
     return causes

@@ -23,3 +23,10 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     if env.get("XDG_CACHE_HOME"):
         return Path(env["XDG_CACHE_HOME"]) / "trainguard"
     return Path.home() / ".cache" / "trainguard"
+
+
+def open_private(path: str | os.PathLike[str], mode: str = "w"):
+    """Open a file in the state folder for writing, created 0600 (it may hold a run's secrets)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))

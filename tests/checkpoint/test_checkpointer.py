@@ -85,7 +85,11 @@ def test_plain_python_state_needs_no_torch(tmp_path: Path) -> None:
 def test_every_steps_and_every_period_with_an_injected_clock(tmp_path: Path) -> None:
     clock = FakeClock()
     with Checkpointer(tmp_path / "steps", every=None, every_steps=3, clock=clock) as ckpt:
-        saved = [step for step in range(10) if ckpt.maybe_save(step, lambda: {"x": 1})]
+        saved = []
+        for step in range(10):
+            if ckpt.maybe_save(step, lambda: {"x": 1}):
+                saved.append(step)
+                ckpt.wait()  # each save on disk before the next step: the cadence alone decides
     assert saved == [2, 5, 8]
     with Checkpointer(tmp_path / "time", every="90s", clock=clock) as ckpt:
         saved = []
@@ -93,7 +97,27 @@ def test_every_steps_and_every_period_with_an_injected_clock(tmp_path: Path) -> 
             clock.now += 30
             if ckpt.maybe_save(step, {"x": step}):
                 saved.append(step)
+                ckpt.wait()
     assert saved == [2, 5, 8]
+
+
+def test_a_due_save_waits_for_the_one_in_flight_without_blocking_training(tmp_path: Path) -> None:
+    """Training never waits for the disk: a save that falls due while the previous one is still being
+    written is postponed to a later step, and it happens as soon as the writer is free."""
+    with Checkpointer(tmp_path, every=None, every_steps=1) as ckpt:
+        assert ckpt.maybe_save(0, {"blob": b"x"})
+        writer = ckpt._writer.process.pid
+        os.kill(writer, signal.SIGSTOP)  # a slow disk: the save of step 0 is still being written
+        try:
+            started = time.monotonic()
+            assert not ckpt.maybe_save(1, {"blob": b"y"})
+            assert time.monotonic() - started < 0.05
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        ckpt.wait()
+        assert ckpt.maybe_save(2, {"blob": b"z"})
+        ckpt.wait()
+    assert step_dirs(tmp_path)[-1] == "step-000000000002"
 
 
 def test_only_the_newest_keep_checkpoints_stay(tmp_path: Path) -> None:

@@ -113,10 +113,11 @@ def test_a_new_xid_during_the_run_alerts_once(tmp_path) -> None:
     from trainguard.diagnosis.evidence import KernelLine
     from trainguard.monitor.runwatch import RunMonitor
     from trainguard.store.registry import Registry
+    from trainguard.supervisor.journal import Journal
 
     registry = Registry(tmp_path)
     run = registry.create_run(["x"], name=None, cwd="/", options={})
-    monitor = RunMonitor(registry, run.id, interval_s=5, disk_paths=[], notifiers=[])
+    monitor = RunMonitor(Journal(registry, run), interval_s=5, disk_paths=[], notifiers=[])
     xid = KernelLine("NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
                      time=monitor._started + 10)  # fmt: skip
     before_the_run = KernelLine("NVRM: Xid (PCI:0000:91:00): 48, old", time=monitor._started - 3600)

@@ -104,7 +104,11 @@ def test_a_saved_kernel_log_makes_a_bare_killed_certain(tmp_path: Path) -> None:
 
 
 def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    assert "no such file or run" in one_line_error(run(str(tmp_path / "missing.log")))
+    missing = one_line_error(run(str(tmp_path / "missing.log")))
+    assert "no such file" in missing and "no run has that name" in missing
+    dangling = tmp_path / "dangling.log"
+    dangling.symlink_to(tmp_path / "gone.log")
+    assert "No such file" in one_line_error(run(str(dangling)))
     assert "is a directory" in one_line_error(run(str(tmp_path)))
     model = tmp_path / "model.bin"
     model.write_bytes(bytes(range(256)) * 400)
@@ -151,7 +155,7 @@ def test_usage_errors_are_one_line() -> None:
     assert "--bogus" in one_line_error(run("--bogus"))
     assert "--lang" in one_line_error(run("x", "--lang", "fr"))
     zh = one_line_error(run("/nonexistent/x.log", env={"LANG": "zh_CN.UTF-8"}))
-    assert "没有这个文件" in zh
+    assert "文件不存在" in zh
 
 
 def test_readable_but_odd_logs_get_a_diagnosis(tmp_path: Path) -> None:

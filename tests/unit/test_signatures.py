@@ -54,6 +54,9 @@ def test_retry_defaults_follow_the_design() -> None:
         "python_error": "no",
         "hang": "yes",
         "node_reboot": "yes",
+        "killed": "yes",
+        "peer_failure": "yes",
+        "bad_command": "no",
         "unknown": "once",
     }
     assert {c.id: c.retry.value for c in catalogue().values()} == expected

@@ -7,7 +7,10 @@
 A checkpoint is written in <dir>/.tmp-step-...-<pid>/, its files fsynced, renamed into place, the
 folder fsynced, and only then is the manifest written (through a temporary file, fsynced, renamed).
 A reader trusts a checkpoint only when its manifest exists and the files match it, so a kill at any
-moment leaves either the previous checkpoints or a complete new one.
+moment leaves either the previous checkpoints or a complete new one. A checkpoint found damaged (a
+file shorter than its manifest says, a checksum that does not match) is moved aside as
+``damaged-step-...-<time>``: never chosen again, never counted as one of the ``keep`` to keep, and
+removed only once ``keep`` valid checkpoints were written after it was found.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -35,6 +39,7 @@ MANIFEST_FILE = "manifest.json"
 TMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"^step-([0-9]{12,})$")
 _TMP_NAME = re.compile(r"^\.tmp-step-[0-9]+-([0-9]+)$")
+_DAMAGED_NAME = re.compile(r"^damaged-step-[0-9]+-([0-9]+)$")
 CHUNK = 8 * 1024 * 1024
 LOCK_FILE = ".writing.lock"
 
@@ -107,7 +112,7 @@ def _write_file(path: Path, chunks: Iterable[memoryview | bytes]) -> dict[str, i
 
 
 @contextlib.contextmanager
-def _writing_lock(directory: Path, blocking: bool = True):
+def writing_lock(directory: Path, blocking: bool = True):
     """Held by whoever writes into the folder; the kernel drops it when the holder dies, so a folder
     whose lock is free has no save in progress and whatever half-written thing is in it is litter."""
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -128,7 +133,7 @@ def write_checkpoint(
     """Write one complete checkpoint atomically; on any failure remove the partial one and raise."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with _writing_lock(directory):
+        with writing_lock(directory):
             return _write_locked(directory, step, tree, data, wall_time)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint step {step} in {directory}: {exc.strerror or exc}") from exc
@@ -266,7 +271,7 @@ def clean_stale(directory: Path) -> list[Path]:
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
-    with _writing_lock(directory, blocking=False) as nobody_writing:
+    with writing_lock(directory, blocking=False) as nobody_writing:
         for path in directory.iterdir():
             tmp = _TMP_NAME.match(path.name)
             abandoned = (tmp is not None and (nobody_writing or not pid_alive(int(tmp.group(1))))) or (
@@ -278,10 +283,61 @@ def clean_stale(directory: Path) -> list[Path]:
     return removed
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Delete complete checkpoints beyond the newest ``keep``; called only after a new one is complete."""
-    for old in complete_checkpoints(directory)[keep:]:
+def quick_check(path: Path) -> str | None:
+    """Why a checkpoint with a manifest is damaged, from its manifest and file sizes alone (no
+    checksums: cheap enough before every prune); None when it looks whole."""
+    try:
+        manifest = read_manifest(path)
+        for name, entry in manifest.files.items():
+            size = (path / name).stat().st_size
+            if size != entry["size"]:
+                return f"{path.name}/{name}: {size} bytes, manifest says {entry['size']}"
+    except DamagedCheckpoint as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{path.name}: {exc.strerror or exc}"
+    return None
+
+
+def move_aside(path: Path, now: float | None = None) -> Path | None:
+    """Rename a damaged checkpoint out of the way (``damaged-step-...-<time>``): no reader or pruner
+    takes it for a checkpoint again, and a person can still look at it."""
+    stamp = math.ceil(1000 * (time.time() if now is None else now))  # milliseconds, never before it was found
+    target = path.with_name(f"damaged-{path.name}-{stamp}")
+    try:
+        os.rename(path, target)
+    except OSError:
+        return None
+    return target
+
+
+def prune(directory: Path, keep: int, protect: Path | None = None) -> None:
+    """Keep the ``keep`` newest VALID checkpoints; called only after a new one is complete.
+
+    Damaged ones are moved aside instead of being counted (otherwise damaged checkpoints with high
+    step numbers would outrank, and delete, every new one), ``protect`` (the checkpoint just written)
+    is never deleted, and damaged folders go once ``keep`` valid checkpoints are younger than them."""
+    valid = []
+    for path in complete_checkpoints(directory):
+        if quick_check(path) is None:
+            valid.append(path)
+        else:
+            move_aside(path)
+    for old in valid[keep:]:
+        if protect is not None and old.name == protect.name:
+            continue
         # Remove the manifest first: a half-deleted folder must never look complete.
         with contextlib.suppress(OSError):
             (old / MANIFEST_FILE).unlink()
         shutil.rmtree(old, ignore_errors=True)
+    kept = valid[:keep]
+    if len(kept) < keep:
+        return
+    try:
+        oldest_kept = min(read_manifest(path).time for path in kept)
+    except DamagedCheckpoint:
+        return
+    for path in directory.iterdir():
+        found = _DAMAGED_NAME.match(path.name)
+        if found and int(found.group(1)) < 1000 * oldest_kept:
+            shutil.rmtree(path, ignore_errors=True)

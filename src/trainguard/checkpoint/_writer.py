@@ -52,7 +52,7 @@ def serve(connection: Connection, memfd: int) -> int:
             return 0
         if reply["ok"]:
             # The new checkpoint is durable and the trainer knows it: old ones go now, off its clock.
-            prune(directory, job["keep"])
+            prune(directory, job["keep"], protect=path)
 
 
 def main(argv: list[str]) -> int:

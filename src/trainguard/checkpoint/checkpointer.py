@@ -32,12 +32,14 @@ from trainguard.checkpoint._format import (
     DamagedCheckpoint,
     clean_stale,
     complete_checkpoints,
+    move_aside,
     prune,
     read_into,
     read_manifest,
     read_verified,
     step_of,
     write_checkpoint,
+    writing_lock,
 )
 from trainguard.probes.memory import available_bytes
 from trainguard.units import parse_duration
@@ -49,6 +51,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MEMORY_MARGIN = 512 * 1024 * 1024
 # A save needs the room of the last one, plus this: the disk must never be what the save fills.
 DISK_MARGIN = 1024 * 1024
+# A save in flight longer than this many times the last one's duration (and at least STUCK_MIN_S)
+# means the writer is stuck (stopped, hung on a dead mount): it is killed, and training never waits.
+STUCK_FACTOR = 3.0
+STUCK_MIN_S = 5.0
 
 
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -147,24 +153,42 @@ class _Writer:
         child.close()
         self.connection = Connection(parent.detach())
         self.in_flight: dict[str, Any] | None = None
+        self.submitted_at = 0.0
 
     def submit(self, job: dict[str, Any]) -> None:
         self.connection.send(job)
         self.in_flight = job
+        self.submitted_at = time.monotonic()
 
-    def wait(self) -> Path | None:
+    def in_flight_for(self) -> float:
+        return time.monotonic() - self.submitted_at if self.in_flight is not None else 0.0
+
+    def wait(self, timeout_s: float | None = None) -> Path | None:
+        """The path of the save in flight once it is on disk; raises WriterStuck when no answer came
+        within ``timeout_s``."""
         if self.in_flight is None:
             return None
-        job, self.in_flight = self.in_flight, None
         try:
+            if timeout_s is not None and not self.connection.poll(max(0.0, timeout_s)):
+                raise WriterStuck(self.in_flight)
+            job, self.in_flight = self.in_flight, None
             reply = self.connection.recv()
         except (EOFError, OSError) as exc:
+            job, self.in_flight = self.in_flight or {"step": "?"}, None
             raise CheckpointError(
                 f"the checkpoint writer process died while saving step {job['step']}; the previous checkpoints are kept"
             ) from exc
         if not reply["ok"]:
             raise CheckpointError(reply["error"])
         return Path(reply["path"])
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            self.connection.close()
 
     def done(self) -> bool:
         """Whether the save in flight has finished (its reply is waiting), without blocking."""
@@ -183,6 +207,14 @@ class _Writer:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+class WriterStuck(Exception):
+    """The writer process did not finish a save in time; ``job`` is the save it was given."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        super().__init__(f"step {job['step']}")
+        self.job = job
 
 
 def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterator[memoryview | bytes]:
@@ -244,6 +276,7 @@ class Checkpointer:
         self._stop_requested = False
         self._staging: _Staging | None = None
         self._writer: _Writer | None = None
+        self._expected_save_s = 0.0  # how long the last asynchronous save took
         self._previous_handlers: dict[int, Any] = {}
 
         try:
@@ -299,6 +332,10 @@ class Checkpointer:
             return saved
         if not self._due(step):
             return False
+        if self._writer is not None and not self._writer.done():
+            if self._writer.in_flight_for() < self._stuck_after():
+                return False  # the previous save is still being written: try again at a later step
+            self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
 
     def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
@@ -338,7 +375,7 @@ class Checkpointer:
         data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else _direct_chunks(tensors, specs)
         prune(self.directory, self.keep)  # what a kill between an earlier save and its pruning left
         self.last_saved = write_checkpoint(self.directory, step, tree, data)
-        prune(self.directory, self.keep)
+        prune(self.directory, self.keep, protect=self.last_saved)
 
     def _check_room_on_disk(self, step: int, needed: int) -> None:
         try:
@@ -392,13 +429,44 @@ class Checkpointer:
         """Whether an asynchronous save is still being written (never blocks)."""
         return self._writer is not None and not self._writer.done()
 
+    def _stuck_after(self) -> float:
+        return max(STUCK_MIN_S, STUCK_FACTOR * self._expected_save_s)
+
+    def _abandon_stuck_writer(self) -> dict[str, Any] | None:
+        """Kill a writer that stopped answering (SIGSTOPped, hung on a dead mount); a fresh one is
+        started by the next save. Returns the save it never finished."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return None
+        job = writer.in_flight
+        log.warning("the checkpoint writer did not finish step %s in %.0f s: killed; a new one takes over",
+                    job["step"] if job else "?", writer.in_flight_for())  # fmt: skip
+        writer.kill()
+        clean_stale(self.directory)  # the half-written folder of the save it never finished
+        return job
+
     def wait(self) -> Path | None:
-        """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed."""
+        """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed.
+        A writer that does not answer in time is replaced, and the save it held is written here."""
         if self._writer is None:
             return None
-        path = self._writer.wait()
+        started = self._writer.submitted_at
+        try:
+            path = self._writer.wait(timeout_s=max(0.0, self._stuck_after() - self._writer.in_flight_for()))
+        except WriterStuck:
+            job = self._abandon_stuck_writer()
+            path = self._write_staged(job) if job else None
         if path is not None:
             self.last_saved = path
+            self._expected_save_s = time.monotonic() - started
+        return path
+
+    def _write_staged(self, job: dict[str, Any]) -> Path:
+        """Write a save that a killed writer held, from the same staging buffer, in this process."""
+        clean_stale(self.directory)
+        data = [memoryview(self._staging.map)[: job["data_size"]]] if job["data_size"] and self._staging else []
+        path = write_checkpoint(self.directory, job["step"], job["tree"], data, wall_time=job["time"])
+        prune(self.directory, self.keep, protect=path)
         return path
 
     # ------------------------------------------------------------------ loading
@@ -411,7 +479,9 @@ class Checkpointer:
                 state = self._load(path, map_location)
             except DamagedCheckpoint as exc:
                 self.damaged.append(str(exc))
-                log.warning("skipping damaged checkpoint: %s", exc)
+                with writing_lock(self.directory):
+                    aside = move_aside(path)
+                log.warning("skipping damaged checkpoint: %s (moved aside as %s)", exc, aside.name if aside else "?")
                 continue
             self._last_saved_step = step_of(path)
             self._last_save_time = self._clock()

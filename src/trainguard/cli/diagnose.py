@@ -107,7 +107,7 @@ def diagnose(
             )
         targets = ("-",)
     now = time.time()
-    if len(targets) == 1 and targets[0] != "-" and not os.path.lexists(targets[0]):
+    if len(targets) == 1 and targets[0] != "-" and not os.path.exists(targets[0]):
         report = _diagnose_run(targets[0], exit_status)
         if report is not None:
             return _print(report, as_json, lang)
@@ -121,7 +121,8 @@ def diagnose(
                 mtimes.append(now)
                 continue
             if not os.path.lexists(target):
-                raise InputError(f"no such file or run: {target}", f"没有这个文件或运行：{target}")
+                raise InputError(f"{target}: no such file, and no run has that name or id",
+                                 f"{target}：文件不存在，也没有这个名称或 id 的运行")  # fmt: skip
             handle = stack.enter_context(open_log(target))
             mtimes.append(os.fstat(handle.fileno()).st_mtime)
             sources.append(LogSource(target if len(targets) > 1 else None, read_blocks(handle)))
@@ -146,28 +147,41 @@ def _print(report: Report, as_json: bool, lang: str) -> int:
 
 
 def _diagnose_run(ref: str, exit_status: ExitStatus | None) -> Report | None:
-    """The last death of a run: its part of the log, its exit status, the kernel log of that time."""
+    """The last death of a run: its attempt's log, its exit status, the kernel log of that time."""
     from trainguard.paths import state_dir
-    from trainguard.store.registry import Registry
+    from trainguard.store.registry import Registry, RunNotFound
+    from trainguard.store.runlogs import attempt_region
     from trainguard.supervisor.autopsy import attempt_report
 
     if not (state_dir() / "runs.sqlite").exists():
         return None
-    run = Registry(state_dir()).resolve(ref)
+    try:
+        run = Registry(state_dir()).resolve(ref)
+    except RunNotFound:
+        raise InputError(
+            f"{ref}: no such file, and no run has that name or id (see trainguard ps)",
+            f"{ref}：文件不存在，也没有这个名称或 id 的运行（见 trainguard ps）",
+        ) from None
     ended = [a for a in run.attempts if a.ended_at is not None]
     if not ended:
         raise UsageError(f"run {run.id} has not ended an attempt yet", f"运行 {run.id} 还没有结束过任何一次尝试")
-    failed = [a for a in ended if a.exit_code != 0 or a.signal is not None] or ended
+    failed = [a for a in ended if a.cause is not None or a.exit_code not in (0, None) or a.signal] or ended
     attempt = failed[-1]
-    following = [a for a in run.attempts if a.n > attempt.n]
-    status = exit_status or (
-        ExitStatus(signal=attempt.signal) if attempt.signal is not None else ExitStatus(code=attempt.exit_code)
-    )
+    region = attempt_region(run, attempt)
+    if not region.exists():
+        raise InputError(
+            f"run {run.id}: the log of attempt {attempt.n} ({region.path}) no longer exists",
+            f"运行 {run.id}：第 {attempt.n} 次尝试的日志（{region.path}）已不存在",
+        )
+    if exit_status is None and attempt.signal is not None:
+        exit_status = ExitStatus(signal=attempt.signal)
+    elif exit_status is None and attempt.exit_code is not None:
+        exit_status = ExitStatus(code=attempt.exit_code)
     return attempt_report(
-        run.log_path,
-        log_start=attempt.log_offset,
-        log_end=following[0].log_offset if following else None,
-        exit_status=status,
+        region.path,
+        log_start=region.start,
+        log_end=region.end,
+        exit_status=exit_status,
         started=attempt.started_at,
         ended=attempt.ended_at,
         pids={attempt.pid} if attempt.pid else set(),

@@ -23,6 +23,7 @@ def cli() -> None:
     trainguard ps / status RUN   runs, their attempts and causes of death
     trainguard logs RUN [-f]     a run's output
     trainguard stop RUN          stop it, with time for a last checkpoint
+    trainguard restart RUN       continue an ended run in place, from its newest checkpoint
     trainguard adopt RUN         watch again a job whose supervisor died
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     trainguard doctor            what will kill it, before it does
@@ -35,9 +36,9 @@ def _register() -> None:
     from trainguard.cli.demo import demo
     from trainguard.cli.diagnose import diagnose
     from trainguard.cli.doctor import doctor
-    from trainguard.cli.runs import adopt, exporter, logs, ps, report, run, status, stop
+    from trainguard.cli.runs import adopt, exporter, logs, ps, report, restart, run, status, stop
 
-    for command in (demo, run, ps, status, logs, stop, adopt, diagnose, doctor, exporter, report):
+    for command in (demo, run, ps, status, logs, stop, restart, adopt, diagnose, doctor, exporter, report):
         cli.add_command(command)
 
 

@@ -1,10 +1,11 @@
-"""``trainguard run | ps | status | logs | stop``: keep a job alive and look after it."""
+"""``trainguard run | restart | adopt | ps | status | logs | stop | report | exporter``: keep a job
+alive and look after it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -16,14 +17,19 @@ from typing import Any
 import click
 
 from trainguard._i18n import choose_language
-from trainguard._proc import pid_alive
 from trainguard.errors import UsageError
 from trainguard.monitor.notify import from_config, from_flag, to_record
-from trainguard.paths import state_dir
-from trainguard.store.registry import Registry, Run, close_runs_lost_to_reboot
+from trainguard.paths import open_private, state_dir
+from trainguard.store.registry import Registry, RegistryError, Run, RunNotFound, close_runs_lost_to_reboot
+from trainguard.store.runlogs import attempt_region, start_marker
 from trainguard.supervisor import service
+from trainguard.supervisor.lock import AlreadyWatched
 from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.units import parse_duration, parse_size
+
+
+def _say(en: str, zh: str) -> str:
+    return zh if choose_language(None, os.environ) == "zh" else en
 
 
 def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -60,8 +66,15 @@ def _iso(stamp: float | None) -> str | None:
     return None if stamp is None else datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
 
 
-def _supervisor_alive(run: Run) -> bool:
-    return pid_alive(run.supervisor_pid)
+def shell_join(command: list[str]) -> str:
+    """A command as a person would type it again: quoted where the shell needs it."""
+    return shlex.join(command)
+
+
+def _supervisor_word(run: Run) -> str:
+    if service.watched_by(run) is not None:
+        return "alive"
+    return "gone" if RunState(run.state) not in TERMINAL_STATES else "exited"
 
 
 def run_json(run: Run) -> dict[str, Any]:
@@ -75,7 +88,9 @@ def run_json(run: Run) -> dict[str, Any]:
         "log_path": run.log_path,
         "host": run.host,
         "reason": run.reason,
-        "supervisor": "alive" if _supervisor_alive(run) else ("gone" if state not in TERMINAL_STATES else "exited"),
+        "supervisor": _supervisor_word(run),
+        "containment": run.containment,
+        "checkpoint_dir": run.options.get("checkpoint_dir"),
         "attempts": [
             {
                 "n": a.n,
@@ -86,6 +101,9 @@ def run_json(run: Run) -> dict[str, Any]:
                 "cause": a.cause,
                 "confidence": a.confidence,
                 "resumed_from": a.resumed_from,
+                "resumed_step": (a.progress or {}).get("resumed_step"),
+                "step": (a.progress or {}).get("step"),
+                "log_path": a.log_path or run.log_path,
             }
             for a in run.attempts
         ],
@@ -98,9 +116,41 @@ def _registry() -> Registry:
     return registry
 
 
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError(
+            "the current folder no longer exists: cd to a folder that does", "当前目录已不存在：请先 cd 到存在的目录"
+        ) from None
+
+
+def _newest_named(name: str) -> tuple[Registry, Run] | None:
+    if not (state_dir() / "runs.sqlite").exists():
+        return None
+    registry = _registry()
+    try:
+        newest = registry.resolve(name)
+    except RunNotFound:
+        return None
+    return (registry, newest) if newest.name == name else None
+
+
+def _started_message(record: Run, command: list[str], verb_en: str = "started", verb_zh: str = "已启动") -> None:
+    ref = record.name or record.id
+    click.echo(
+        _say(
+            f"{verb_en} run {record.id} (pid {record.job_pid}): {shell_join(command)}\n"
+            f"  log:     {record.log_path}\n  follow:  trainguard logs {ref} -f\n  status:  trainguard status {ref}",
+            f"{verb_zh}运行 {record.id}（进程 {record.job_pid}）：{shell_join(command)}\n"
+            f"  日志：  {record.log_path}\n  跟踪：  trainguard logs {ref} -f\n  状态：  trainguard status {ref}",
+        )
+    )
+
+
 # ---------------------------------------------------------------------------------------------- run
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--name", help="A name; it can stand for the newest run of that name.")
+@click.option("--name", help="A name that stands for the run; the name of an ended run continues that run.")
 @click.option(
     "--restart", type=click.Choice(["never", "on-failure", "always"]), default="on-failure", show_default=True
 )
@@ -123,12 +173,16 @@ def _registry() -> Registry:
     help="For scripts that save their own files: the newest "
     "matching file (relative to --checkpoint-dir) is the checkpoint to resume from.",
 )
-@click.option("--resume-arg", metavar="TEMPLATE", help='Appended when resuming, e.g. "--resume {checkpoint}".')
+@click.option(
+    "--resume-arg",
+    metavar="TEMPLATE",
+    help='Appended when resuming; {checkpoint} is replaced by its path, e.g. "--resume {checkpoint}".',
+)
 @click.option(
     "--hang-timeout",
     callback=_duration,
     metavar="DUR",
-    help="No output and no checkpoint this long "
+    help="No output, no checkpoint and no reported step this long "
     "(e.g. 30m) means hung: stacks are dumped and the job restarted. Off by default.",
 )
 @click.option("--memory-limit", callback=_size, metavar="SIZE", help="Put the job in its own memory cgroup (e.g. 64G).")
@@ -181,20 +235,34 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
       trainguard run --name vit --hang-timeout 30m --resume-arg "--resume {checkpoint}" -- python train.py
       srun trainguard run --foreground -- python train.py
     """
-    if memory_limit is not None:
-        from trainguard.probes import cgroups
-
-        cgroups.create(f"trainguard-check-{os.getpid()}", memory_limit).remove()  # refuse now, not in the supervisor
     if foreground and follow:
         raise UsageError(
             "--follow detaches; it cannot go with --foreground", "--follow 会脱离终端，不能与 --foreground 同用"
         )
-    cwd = os.getcwd()
-    if name and (earlier := _unwatched_run_named(name)) is not None:
-        click.echo(f"run {earlier.id} ({name}) is still running without its supervisor: taking it back under watch")
-        service.start_detached(_registry(), earlier, adopt=True)
+    if resume_arg is not None and "{checkpoint}" not in resume_arg:
+        raise UsageError(
+            f"--resume-arg {resume_arg!r} has no {{checkpoint}}: it is where the checkpoint's path goes, "
+            'e.g. --resume-arg "--resume {checkpoint}"',
+            f"--resume-arg {resume_arg!r} 中没有 {{checkpoint}}：它会被替换为检查点路径，"
+            '例如 --resume-arg "--resume {checkpoint}"',
+        )
+    cwd = _cwd()
+    earlier = _newest_named(name) if name else None
+    if earlier is not None and earlier[1].active:
+        registry, record = earlier
+        holder = service.watched_by(record)
+        if holder is not None:
+            raise AlreadyWatched(record.id, holder)
+        click.echo(_say(f"run {record.id} ({name}) is still running without its supervisor: taking it back under watch",
+                        f"运行 {record.id}（{name}）仍在运行但没有监督进程：重新接管"))  # fmt: skip
+        service.start_detached(registry, record, adopt=True)
         return 0
+    service.check_cwd(cwd)
     service.check_command(list(command), cwd)
+    if checkpoint_dir:
+        service.check_checkpoint_dir(os.path.abspath(checkpoint_dir))
+    if memory_limit is not None:
+        service.check_memory_limit(memory_limit)
     notifiers = [from_flag(item) for item in notify] + (from_config(config_file) if config_file else [])
     if metrics_port is not None:
         _check_port_free(metrics_bind, metrics_port)
@@ -214,26 +282,58 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         metrics_port=metrics_port,
         metrics_bind=metrics_bind,
     )
+    if earlier is not None:  # an ended run of this name: continue it in place, with this command
+        registry, record = earlier
+        options.setdefault("checkpoint_dir", record.options["checkpoint_dir"])
+        registry.update_run(record.id, command=list(command), cwd=cwd, options=options)
+        return _continue(registry, record.id, foreground=foreground, follow=follow)
     registry, record = service.create_run(list(command), name=name, options=options)
     if foreground:
-        click.echo(f"trainguard: run {record.id}, log {record.log_path}", err=True)
+        click.echo(_say(f"trainguard: run {record.id}, log {record.log_path}",
+                        f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
         return service.supervise_run(record.id, registry=registry)
-    started = service.start_detached(registry, record)
-    lang = choose_language(None, os.environ)
-    ref = record.name or record.id
-    if lang == "zh":
-        click.echo(f"已启动运行 {record.id}（进程 {started.job_pid}）：{' '.join(command)}")
-        click.echo(
-            f"  日志：  {record.log_path}\n  跟踪：  trainguard logs {ref} -f\n  状态：  trainguard status {ref}"
-        )
-    else:
-        click.echo(f"started run {record.id} (pid {started.job_pid}): {' '.join(command)}")
-        click.echo(
-            f"  log:     {record.log_path}\n  follow:  trainguard logs {ref} -f\n  status:  trainguard status {ref}"
-        )
+    try:
+        started = service.start_detached(registry, record)
+    except Exception:
+        registry.delete_run(record.id)  # it never ran: no record, no folder
+        raise
+    _started_message(started, list(command))
     if follow:
-        _follow(registry, started, 0)
+        _follow(registry, started, started.attempts[0].n if started.attempts else None)
     return 0
+
+
+def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool) -> int:
+    record = registry.get(run_id)
+    if foreground:
+        click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
+                        f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
+        return service.supervise_run(run_id, registry=registry, restart=True)
+    started = service.start_detached(registry, record, restart=True)
+    _started_message(started, started.command, "continued", "已继续")
+    if follow:
+        _follow(registry, started, started.attempts[-1].n if started.attempts else None)
+    return 0
+
+
+@click.command()
+@click.argument("ref", metavar="RUN")
+@click.option("--foreground", is_flag=True, help="Supervise here instead of detaching.")
+@click.option("--follow", is_flag=True, help="Detach, then follow the log.")
+def restart(ref: str, foreground: bool, follow: bool) -> int:
+    """Continue an ended run in place: same command and checkpoint folder, the next attempt, resumed
+    from its newest checkpoint (as pressing up-arrow in tmux would, without losing the steps)."""
+    registry = _registry()
+    record = registry.resolve(ref)
+    if RunState(record.state) not in TERMINAL_STATES:
+        holder = service.watched_by(record)
+        if holder is not None:
+            raise AlreadyWatched(record.id, holder)
+        raise UsageError(
+            f"run {record.id} is still active without a supervisor: `trainguard adopt {ref}` watches it again",
+            f"运行 {record.id} 仍在进行但没有监督进程：用 `trainguard adopt {ref}` 重新接管",
+        )
+    return _continue(registry, record.id, foreground=foreground, follow=follow)
 
 
 def _check_port_free(bind: str, port: int) -> None:
@@ -256,22 +356,13 @@ def exporter(port: int, bind: str) -> int:
     from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter, serve
 
     serve(port, bind, TrainguardCollector(_registry(), xid_counts=kernel_xid_counter()))
-    click.echo(f"serving Prometheus metrics at http://{bind}:{port}/metrics (Ctrl+C stops)")
+    click.echo(_say(f"serving Prometheus metrics at http://{bind}:{port}/metrics (Ctrl+C stops)",
+                    f"Prometheus 指标地址 http://{bind}:{port}/metrics（Ctrl+C 停止）"))  # fmt: skip
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
-
-
-def _unwatched_run_named(name: str) -> Run | None:
-    if not (state_dir() / "runs.sqlite").exists():
-        return None
-    try:
-        newest = _registry().resolve(name)
-    except UsageError:
-        return None
-    return newest if newest.name == name and service.unwatched(newest) else None
 
 
 @click.command()
@@ -282,15 +373,22 @@ def adopt(ref: str) -> int:
     record = registry.resolve(ref)
     if RunState(record.state) in TERMINAL_STATES:
         raise UsageError(f"run {record.id} has ended ({record.state})", f"运行 {record.id} 已结束（{record.state}）")
-    if _supervisor_alive(record):
-        raise UsageError(f"run {record.id} is already watched by supervisor {record.supervisor_pid}",
-                         f"运行 {record.id} 已由监督进程 {record.supervisor_pid} 管理")  # fmt: skip
+    holder = service.watched_by(record)
+    if holder is not None:
+        raise AlreadyWatched(record.id, holder)
     service.start_detached(registry, record, adopt=True)
-    click.echo(f"run {record.id} is watched again")
+    click.echo(_say(f"run {record.id} is watched again", f"运行 {record.id} 已重新接管"))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- ps / status
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned columns; the last one is never padded (no trailing spaces) nor cut."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths)) + "  " + row[-1]
+            for row in [header, *rows]]  # fmt: skip
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 def ps(as_json: bool) -> int:
@@ -300,14 +398,17 @@ def ps(as_json: bool) -> int:
         click.echo(json.dumps([run_json(r) for r in runs], ensure_ascii=False, indent=2))
         return 0
     if not runs:
-        click.echo("no runs yet: trainguard run -- CMD")
+        click.echo(_say("no runs yet: trainguard run -- CMD", "还没有运行：trainguard run -- 命令"))
         return 0
+    header = _say("ID|STATE|ATTEMPTS|NAME|LAST DEATH|COMMAND", "ID|状态|尝试|名称|上次终止|命令").split("|")
+    width = os.get_terminal_size().columns if sys.stdout.isatty() else None
+    rows = []
     for r in runs:
-        info = run_json(r)
         last = r.attempts[-1] if r.attempts else None
-        cause = f" last death: {last.cause}" if last and last.cause else ""
-        click.echo(f"{r.id}  {info['state']:<10} attempts {len(r.attempts):<3} {(r.name or '-'):<12} "
-                   f"{' '.join(r.command)[:60]}{cause}")  # fmt: skip
+        rows.append([r.id, PUBLIC_STATE[RunState(r.state)], str(len(r.attempts)), r.name or "-",
+                     last.cause if last and last.cause else "-", shell_join(r.command)])  # fmt: skip
+    for line in _columns(header, rows):
+        click.echo(line[: width - 1] + "…" if width and len(line) > width else line)
     return 0
 
 
@@ -320,23 +421,34 @@ def status(ref: str, as_json: bool) -> int:
     info = run_json(run_record)
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, indent=2))
-    else:
-        click.echo(f"run {info['id']} ({info['name'] or 'no name'}): {info['state']}"
-                   + (f" — {info['reason']}" if info["reason"] else ""))  # fmt: skip
-        click.echo(f"  command: {' '.join(info['command'])}\n  log:     {info['log_path']}")
-        if info["supervisor"] == "gone":
-            click.echo("  the supervisor is gone; the job may still be running unwatched")
-        for a in info["attempts"]:
-            end = (
-                f"exit {a['exit_code']}"
-                if a["exit_code"] is not None
-                else (f"signal {a['signal']}" if a["signal"] else "running")
-            )
-            cause = f", {a['cause']} ({a['confidence']:.2f})" if a["cause"] else ""
-            resumed = f", resumed from {a['resumed_from']}" if a["resumed_from"] else ""
-            click.echo(f"  attempt {a['n']}: {a['started_at']} → {a['ended_at'] or '…'}  {end}{cause}{resumed}")
-    public = info["state"]
-    return 1 if public == "failed" else 0
+        return 1 if info["state"] == "failed" else 0
+    reason = f" — {info['reason']}" if info["reason"] else ""
+    click.echo(_say(f"run {info['id']} ({info['name'] or 'no name'}): {info['state']}{reason}",
+                    f"运行 {info['id']}（{info['name'] or '无名称'}）：{info['state']}{reason}"))  # fmt: skip
+    click.echo(_say(f"  command: {shell_join(info['command'])}\n  log:     {info['log_path']}",
+                    f"  命令：{shell_join(info['command'])}\n  日志：{info['log_path']}"))  # fmt: skip
+    if info["supervisor"] == "gone":
+        click.echo(_say("  the supervisor is gone; the job may still be running unwatched (trainguard adopt)",
+                        "  监督进程已不在；作业可能仍在无人监督地运行（trainguard adopt）"))  # fmt: skip
+    if info["containment"] and info["containment"].startswith("partial") and info["state"] != "succeeded":
+        click.echo(_say(f"  containment is partial: {info['containment']}; what the job double-forks may outlive it",
+                        f"  进程隔离不完整：{info['containment']}；作业脱离会话的子进程可能残留"))  # fmt: skip
+    for a in info["attempts"]:
+        if a["exit_code"] is not None:
+            end = _say(f"exit {a['exit_code']}", f"退出码 {a['exit_code']}")
+        elif a["signal"]:
+            end = _say(f"signal {a['signal']}", f"信号 {a['signal']}")
+        else:
+            end = _say("running", "运行中") if a["ended_at"] is None else _say("ended", "已结束")
+        cause = f", {a['cause']} ({a['confidence']:.2f})" if a["cause"] else ""
+        resumed = ""
+        if a["resumed_from"]:
+            at = f" (step {a['resumed_step']})" if a["resumed_step"] is not None else ""
+            resumed = _say(f", resumed from {a['resumed_from']}{at}", f"，从 {a['resumed_from']}{at} 恢复")
+        step = _say(f", step {a['step']}", f"，第 {a['step']} 步") if a["step"] is not None else ""
+        click.echo(_say(f"  attempt {a['n']}: ", f"  第 {a['n']} 次：")
+                   + f"{a['started_at']} → {a['ended_at'] or '…'}  {end}{cause}{resumed}{step}")  # fmt: skip
+    return 1 if info["state"] == "failed" else 0
 
 
 @click.command()
@@ -365,7 +477,8 @@ def report(ref: str, output: str | None) -> int:
     target = Path(output) if output else Path(record.run_dir) / "report.html"
     try:
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(page, encoding="utf-8")
+        with open_private(tmp) as out:
+            out.write(page)
         os.replace(tmp, target)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror}", f"无法写入 {target}：{exc.strerror}") from exc
@@ -374,45 +487,9 @@ def report(ref: str, output: str | None) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- logs
-def _attempt_range(run_record: Run, attempt: int | None) -> tuple[int, int | None]:
-    if attempt is None:
-        return 0, None
-    for index, a in enumerate(run_record.attempts):
-        if a.n == attempt:
-            following = run_record.attempts[index + 1] if index + 1 < len(run_record.attempts) else None
-            return a.log_offset, following.log_offset if following else None
-    raise UsageError(f"run {run_record.id} has no attempt {attempt}", f"运行 {run_record.id} 没有第 {attempt} 次尝试")
-
-
-def _follow(registry: Registry, run_record: Run, offset: int) -> None:
-    try:
-        with open(run_record.log_path, "rb") as log:
-            log.seek(offset)
-            while True:
-                chunk = log.read(1 << 16)
-                if chunk:
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.flush()
-                    continue
-                if RunState(registry.get(run_record.id).state) in TERMINAL_STATES:
-                    return
-                time.sleep(0.2)
-    except KeyboardInterrupt:
-        click.echo("\n(stopped following; the job goes on)", err=True)
-
-
-@click.command()
-@click.argument("ref", metavar="RUN")
-@click.option("-f", "--follow", "follow", is_flag=True, help="Keep printing new output until the run ends.")
-@click.option("--attempt", type=int, help="Only this attempt's output.")
-def logs(ref: str, follow: bool, attempt: int | None) -> int:
-    """Print a run's log."""
-    registry = _registry()
-    run_record = registry.resolve(ref)
-    start, end = _attempt_range(run_record, attempt)
-    if not Path(run_record.log_path).exists():
-        return 0
-    with open(run_record.log_path, "rb") as log:
+def _copy(path: str, start: int, end: int | None) -> int:
+    """Print a file's bytes from ``start`` to ``end``; the position reached."""
+    with open(path, "rb") as log:
         log.seek(start)
         remaining = None if end is None else end - start
         while remaining is None or remaining > 0:
@@ -424,45 +501,144 @@ def logs(ref: str, follow: bool, attempt: int | None) -> int:
                 remaining -= len(chunk)
         position = log.tell()
     sys.stdout.flush()
-    if follow and end is None:
-        _follow(registry, run_record, position)
+    return position
+
+
+def _print_attempts(run_record: Run, only: int | None) -> None:
+    """Each attempt's output after its marker line (a note on stderr for a log that is gone)."""
+    lang = choose_language(None, os.environ)
+    previous = None
+    for attempt in run_record.attempts:
+        if only is None or attempt.n == only:
+            region = attempt_region(run_record, attempt)
+            if attempt.log_path:
+                sys.stdout.write(start_marker(attempt, previous, lang))
+                sys.stdout.flush()
+            try:
+                _copy(region.path, region.start, region.end)
+            except OSError:
+                gone = _say(
+                    f"trainguard: the log of attempt {attempt.n} ({region.path}) no longer exists",
+                    f"trainguard：第 {attempt.n} 次尝试的日志（{region.path}）已不存在",
+                )
+                click.echo(gone, err=True)
+        previous = attempt
+
+
+class _suppress_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, FileNotFoundError)
+
+
+@click.command()
+@click.argument("ref", metavar="RUN")
+@click.option("-f", "--follow", "follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option("--attempt", type=int, help="Only this attempt's output.")
+def logs(ref: str, follow: bool, attempt: int | None) -> int:
+    """Print a run's log: every attempt's output, each after a marker line."""
+    registry = _registry()
+    run_record = registry.resolve(ref)
+    if attempt is not None and all(a.n != attempt for a in run_record.attempts):
+        raise UsageError(f"run {run_record.id} has no attempt {attempt}",
+                         f"运行 {run_record.id} 没有第 {attempt} 次尝试")  # fmt: skip
+    chosen = [a for a in run_record.attempts if attempt is None or a.n == attempt]
+    if chosen and not follow and not any(attempt_region(run_record, a).exists() for a in chosen):
+        paths = sorted({attempt_region(run_record, a).path for a in chosen})
+        raise UsageError(f"run {run_record.id}: its log no longer exists ({', '.join(paths)})",
+                         f"运行 {run_record.id}：日志已不存在（{', '.join(paths)}）")  # fmt: skip
+    _print_attempts(run_record, attempt)
+    if follow and (attempt is None or attempt == run_record.attempts[-1].n):
+        last = run_record.attempts[-1] if run_record.attempts else None
+        position = 0
+        if last is not None:
+            region = attempt_region(run_record, last)
+            try:
+                position = region.end if region.end is not None else os.path.getsize(region.path)
+            except OSError:
+                position = region.start
+        _follow(registry, run_record, last.n if last else None, position)
     return 0
+
+
+def _follow(registry: Registry, record: Run, attempt_n: int | None = None, position: int = 0) -> None:
+    """Print new output as it comes from ``position`` of attempt ``attempt_n`` (from the first
+    attempt when None), moving on to each new attempt's log after its marker, until the run ends."""
+    lang = choose_language(None, os.environ)
+    current = next((a for a in record.attempts if a.n == attempt_n), None)
+    try:
+        while True:
+            if current is not None:
+                region = attempt_region(record, current)
+                with _suppress_missing():
+                    position = _copy(region.path, max(position, region.start), region.end)
+            record = registry.get(record.id) or record
+            newer = [a for a in record.attempts if current is None or a.n > current.n]
+            if newer:
+                if current is not None:  # what the old attempt wrote last, then the new one's marker
+                    with _suppress_missing():
+                        _copy(region.path, position, region.end)
+                previous, current = current, newer[0]
+                if current.log_path:
+                    sys.stdout.write(start_marker(current, previous, lang))
+                position = 0
+                continue
+            if RunState(record.state) in TERMINAL_STATES:
+                if current is not None:
+                    with _suppress_missing():
+                        _copy(region.path, position, region.end)
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        click.echo(_say("\n(stopped following; the job goes on)", "\n（已停止跟踪；作业继续运行）"), err=True)
 
 
 # ---------------------------------------------------------------------------------------------- stop
 @click.command()
 @click.argument("ref", metavar="RUN")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the run has stopped.")
-def stop(ref: str, wait: bool) -> int:
+@click.option("--grace", callback=_duration, metavar="DUR",
+              help="Time between the stop signal and SIGKILL (default: the run's --grace).")  # fmt: skip
+def stop(ref: str, wait: bool, grace: float | None) -> int:
     """Stop a run: its stop signal, the grace period for a checkpoint, then SIGKILL."""
     registry = _registry()
     run_record = registry.resolve(ref)
     if RunState(run_record.state) in TERMINAL_STATES:
         raise UsageError(f"run {run_record.id} is not running ({run_record.state})",
                          f"运行 {run_record.id} 没有在运行（{run_record.state}）")  # fmt: skip
-    marker = Path(run_record.run_dir) / "stop-requested"
+    grace_s = float(grace if grace is not None else run_record.options.get("grace_s", 120))
+    holder = service.watched_by(run_record)
+    if holder is None:
+        try:
+            what = service.stop_unwatched(registry, run_record, grace_s)
+        except AlreadyWatched:  # another `stop` (or an adopt) got there first: wait for its outcome
+            return _wait_stopped(registry, run_record, grace_s, wait)
+        click.echo(_say(f"run {run_record.id}: stopped ({what})", f"运行 {run_record.id}：已停止（{what}）"))
+        return 0
     try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-    except FileExistsError:
-        raise UsageError(f"run {run_record.id} is already being stopped", f"运行 {run_record.id} 已在停止中") from None
-    if _supervisor_alive(run_record):
-        os.kill(run_record.supervisor_pid, signal.SIGTERM)
-    elif pid_alive(run_record.job_pid):
-        # No supervisor to do it: signal the job's process group directly (it may end meanwhile).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(run_record.job_pid, run_record.options.get("stop_signal", signal.SIGTERM))
-        registry.set_state(run_record.id, "stopped", reason="stopped on request (no supervisor)")
-    else:
-        registry.set_state(run_record.id, "stopped", reason="nothing was running")
-    if wait:
-        deadline = time.monotonic() + float(run_record.options.get("grace_s", 120)) + 30
-        while time.monotonic() < deadline:
-            current = registry.get(run_record.id)
-            if RunState(current.state) in TERMINAL_STATES:
-                click.echo(f"run {current.id}: {current.state}")
-                return 0
-            time.sleep(0.2)
-        click.echo(f"run {run_record.id}: still stopping", err=True)
-        return 1
-    return 0
+        if not registry.request_stop(run_record.id, grace_s):
+            raise UsageError(f"run {run_record.id} is already being stopped", f"运行 {run_record.id} 已在停止中")
+    except RegistryError as exc:  # a full state disk: the stop still happens, with the run's own grace
+        click.echo(f"trainguard: warning: {exc.message(choose_language(None, os.environ))}", err=True)
+    if not holder.signal(signal.SIGTERM):
+        registry.request_stop(run_record.id, grace_s, replace_stale=True)
+        what = service.stop_unwatched(registry, run_record, grace_s)  # its supervisor died a moment ago
+        click.echo(_say(f"run {run_record.id}: stopped ({what})", f"运行 {run_record.id}：已停止（{what}）"))
+        return 0
+    return _wait_stopped(registry, run_record, grace_s, wait)
+
+
+def _wait_stopped(registry: Registry, run_record: Run, grace_s: float, wait: bool) -> int:
+    if not wait:
+        return 0
+    deadline = time.monotonic() + grace_s + 30
+    while time.monotonic() < deadline:
+        current = registry.get(run_record.id)
+        if RunState(current.state) in TERMINAL_STATES:
+            click.echo(f"run {current.id}: {current.state}" + (f" ({current.reason})" if current.reason else ""))
+            return 0
+        time.sleep(0.2)
+    click.echo(_say(f"run {run_record.id}: still stopping", f"运行 {run_record.id}：仍在停止中"), err=True)
+    return 1

@@ -3,7 +3,8 @@
 How it weighs:
 1. A line counts once, for its heaviest reading; a wrapper line (torchrun's summary) keeps only its
    root readings.
-2. Cascade observations (an NCCL watchdog timeout, a launcher's SIGTERM to the other ranks, the Python
+2. Support observations (telemetry before the death) count only for a cause something else names.
+   Cascade observations (an NCCL watchdog timeout, a launcher's SIGTERM to the other ranks, the Python
    exception that wraps a failure) count at a fraction of their weight when a root observation of
    another cause is strong: they are echoes of that failure.
 3. Independent observations of one cause combine like independent witnesses:
@@ -61,11 +62,14 @@ def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observati
 
 def _effective_weights(observations: Sequence[Observation]) -> list[tuple[Observation, float]]:
     strong_root_causes = {o.cause for o in observations if o.role is Role.ROOT and o.weight >= STRONG_ROOT}
+    named = {o.cause for o in observations if o.role is not Role.SUPPORT and o.weight > 0}
     weighted = []
     for obs in observations:
         weight = obs.weight
         if obs.role is Role.CASCADE and strong_root_causes - {obs.cause}:
             weight *= CASCADE_FACTOR
+        if obs.role is Role.SUPPORT and obs.cause not in named:
+            weight = 0.0
         weighted.append((obs, weight))
     return weighted
 

@@ -18,6 +18,9 @@ class Role(str, Enum):
     ROOT = "root"
     CASCADE = "cascade"
     WRAPPER = "wrapper"
+    # Circumstantial: RAM at 99 % or a nearly full disk before a death makes a cause that other
+    # evidence names more certain, but names no cause by itself (a full disk does not SIGKILL a job).
+    SUPPORT = "support"
 
 
 @dataclass(frozen=True)

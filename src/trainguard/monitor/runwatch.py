@@ -15,7 +15,7 @@ from trainguard.monitor.alerts import Alert, Episodes, evaluate
 from trainguard.monitor.notify import Notifier
 from trainguard.monitor.sampler import Sample, Sampler
 from trainguard.probes import kernel_log
-from trainguard.store.registry import Registry
+from trainguard.supervisor.journal import Journal
 
 log = logging.getLogger("trainguard.monitor")
 
@@ -35,7 +35,7 @@ def telemetry_observations(samples: Sequence[Sample], death_time: float) -> list
     found = []
 
     def add(cause: str, weight: float, text: str) -> None:
-        found.append(Observation(source="telemetry", cause=cause, weight=weight, role=Role.ROOT,
+        found.append(Observation(source="telemetry", cause=cause, weight=weight, role=Role.SUPPORT,
                                  rule=f"telemetry:{cause}", text=f"{text}, {ago:.0f} s before the death"))  # fmt: skip
 
     if last.mem_available is not None and last.mem_total and last.mem_available / last.mem_total < 0.03:
@@ -56,8 +56,7 @@ def telemetry_observations(samples: Sequence[Sample], death_time: float) -> list
 class RunMonitor:
     def __init__(
         self,
-        registry: Registry,
-        run_id: str,
+        journal: Journal,
         *,
         interval_s: float,
         disk_paths: list[str],
@@ -65,8 +64,8 @@ class RunMonitor:
         checkpoint_bytes: Callable[[], int | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.registry = registry
-        self.run_id = run_id
+        self.journal = journal
+        self.run_id = journal.run.id
         self.interval_s = interval_s
         self.sampler = Sampler(disk_paths=disk_paths)
         self.notifiers = list(notifiers)
@@ -91,7 +90,7 @@ class RunMonitor:
         self.sample_now(job_pid)
         if now >= self._next_downsample:
             self._next_downsample = now + DOWNSAMPLE_EVERY_S
-            self.registry.downsample(self.run_id, time.time())
+            self.journal.downsample(self.run_id, time.time())
         if now >= self._next_xid:
             self._next_xid = now + XID_EVERY_S
             self.check_xids()
@@ -117,18 +116,22 @@ class RunMonitor:
         self.recent.append(sample)
         while self.recent and sample.time - self.recent[0].time > WINDOW_S:
             self.recent.popleft()
-        self.registry.add_sample(self.run_id, sample.time, sample.to_dict())
+        self.journal.add_sample(self.run_id, sample.time, sample.to_dict())
         for alert in self.episodes.update(evaluate(list(self.recent), checkpoint_bytes=self.checkpoint_bytes())):
             self.alert(alert.rule, alert.severity, alert)
         return sample
 
     def alert(self, rule: str, severity: str, alert: Alert | None = None, *, en: str = "", zh: str = "") -> None:
         en, zh = (alert.en, alert.zh) if alert else (en, zh)
-        self.registry.event(self.run_id, "alert", {"rule": rule, "severity": severity, "message": en})
+        self.journal.event("alert", {"rule": rule, "severity": severity, "message": en, "message_zh": zh})
+        run = self.journal.run
         for notifier in self.notifiers:
             text = zh if notifier.lang == "zh" else en
-            title = f"{rule} · run {self.run_id}"
-            message = {"run": self.run_id, "rule": rule, "severity": severity, "title": title, "text": text}
+            label = f"{run.name} ({run.id})" if run.name else run.id
+            where = f"运行 {label}（{run.host}）" if notifier.lang == "zh" else f"run {label} on {run.host}"
+            title = f"{rule} · {where}"
+            message = {"run": run.id, "name": run.name, "host": run.host, "rule": rule, "severity": severity,
+                       "title": title, "text": text}  # fmt: skip
             notifier.send({**message, "time": time.time()})
 
     def evidence(self, death_time: float) -> list[Observation]:

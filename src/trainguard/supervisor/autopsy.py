@@ -18,7 +18,11 @@ KERNEL_SLACK_S = 5.0
 
 
 def _log_region(path: str, start: int, end: int | None) -> Iterator[bytes]:
-    with open(path, "rb") as log:
+    try:
+        log = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return  # a log that someone removed is no evidence, not a crash
+    with log:
         log.seek(start)
         remaining = None if end is None else end - start
         for block in read_blocks(log):
@@ -40,7 +44,7 @@ def error_file_text(path: str) -> str | None:
 
 
 def attempt_report(
-    log_path: str,
+    log_path: str | None,
     *,
     log_start: int,
     log_end: int | None,
@@ -65,7 +69,7 @@ def attempt_report(
                 text=f"no new output and no new checkpoint for {hang_timeout_s:g} s",
             )
         )
-    sources = [LogSource(None, _log_region(log_path, log_start, log_end))]
+    sources = [LogSource(None, _log_region(log_path, log_start, log_end))] if log_path else []
     error_text = error_file_text(error_file) if error_file else None
     if error_text:
         sources.append(LogSource("error file", [error_text.encode()]))

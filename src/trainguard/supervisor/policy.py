@@ -84,4 +84,18 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
             f"crash loop: {deaths_without_progress} deaths in a row without a new checkpoint or output beyond start-up",
         )  # fmt: skip
     delay = min(policy.backoff_cap_s, policy.backoff_base_s * 2 ** max(0, deaths_without_progress - 1))
+    if cause.restart_at_once:
+        delay = 0.0
     return Decision(True, None, f"{cause_id}: restarting", cause.retry_pause_s + delay, cause.batch_scale)
+
+
+def verdict_exit_code(final_state: str, last_cause: str | None, causes: Mapping[str, Cause], *,
+                      stopped_from_outside: bool = False) -> int:  # fmt: skip
+    """How `run --foreground` exits (DESIGN section 5): 0 succeeded (or stopped by `trainguard stop`);
+    75 another attempt, node or time may cure it (a stop signal from a scheduler is a preemption);
+    78 it needs a fix first; 1 anything else."""
+    if final_state == "succeeded":
+        return 0
+    if final_state == "stopped":
+        return causes["preempted"].exit_code if stopped_from_outside else 0
+    return causes[last_cause or "unknown"].exit_code

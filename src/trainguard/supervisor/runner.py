@@ -1,8 +1,10 @@
 """The supervisor: runs a job attempt after attempt, names each death, restarts by policy, resumes.
 
-The job runs in its own session with its output going straight into the run's log file (O_APPEND,
-no pipe), so neither a closed terminal nor the supervisor's own death can take it down. Signal
-handlers only record; the loop acts on them.
+The job runs in its own session and its own cgroups, with its output going straight into a log file
+of the attempt's own (no pipe), so neither a closed terminal nor the supervisor's death can take it
+down, and nothing it started outlives the attempt. The supervisor's record of the run lives in
+memory first (``Journal``): a full or removed state disk does not stop supervision. Signal handlers
+only record; the loop acts on them.
 """
 
 from __future__ import annotations
@@ -23,62 +25,73 @@ from typing import Any
 import psutil
 
 from trainguard import causes, progress
+from trainguard._proc import ProcessRef, start_time
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
 from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter, serve
 from trainguard.monitor.notify import from_record
 from trainguard.monitor.runwatch import RunMonitor
+from trainguard.paths import open_private
 from trainguard.postmortem import default_scanner, diagnosis_dict
-from trainguard.probes import cgroups, kernel_log
+from trainguard.probes import kernel_log
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor.autopsy import attempt_report
+from trainguard.supervisor.containment import Containment, become_subreaper, contain, stop_gracefully
 from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
+from trainguard.supervisor.journal import Journal
+from trainguard.supervisor.lock import AlreadyWatched, SupervisorLock
 from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
 from trainguard.supervisor.states import RunState, check_transition
 
 POLL_S = 0.1
-TREE_SAMPLE_S = 1.0  # how often the job's process tree is read (for kernel records that name a child)
+TICK_S = 1.0  # how often the job's tree, progress, samples and the registry queue are looked at
+PROGRESS_SAVE_S = 5.0  # how often the job's reported progress is written to the registry
+
+EXIT_UNKNOWN = -(1 << 16)  # an adopted job is not our child: its exit status cannot be had
+
+
+def attempt_log_name(n: int) -> str:
+    return f"attempt-{n}.log"
+
+
+class _AdoptedProcess:
+    """The running job of a run whose supervisor died: watched by identity, since it is not our child."""
+
+    def __init__(self, ref: ProcessRef) -> None:
+        self.ref = ref
+        self.pid = ref.pid
+
+    def poll(self) -> int | None:
+        return None if self.ref.alive() else EXIT_UNKNOWN
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(POLL_S)
+        return code
 
 
 @dataclass
 class _AttemptWatch:
     """What the supervisor learns while one attempt runs."""
 
-    process: subprocess.Popen
+    process: Any  # subprocess.Popen or _AdoptedProcess
+    attempt: Attempt
+    containment: Containment
+    log_fd: int | None  # kept open: the log stays readable even if someone deletes the file
     started_mono: float
-    log_offset: int
-    checkpoint_before: str | None
-    pids: set[int] = field(default_factory=set)
     last_progress_mono: float = 0.0
     last_log_size: int = 0
     last_checkpoint: str | None = None
+    last_progress_saved: float = 0.0
     hung: bool = False
     pidfd: int | None = None
     kernel: kernel_log.KernelTail | None = None
+    pids: set[int] = field(default_factory=set)
 
-
-EXIT_UNKNOWN = -(1 << 16)  # an adopted job is not our child: its exit status cannot be had
-
-
-class _AdoptedProcess:
-    """The running job of a run whose supervisor died: watched by pid, since it is not our child."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-
-    def poll(self) -> int | None:
-        try:
-            if psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE:
-                return None
-        except psutil.Error:
-            pass
-        return EXIT_UNKNOWN
-
-    def wait(self) -> int:
-        while (code := self.poll()) is None:
-            time.sleep(POLL_S)
-        return code
+    @property
+    def log_path(self) -> str | None:
+        return f"/proc/self/fd/{self.log_fd}" if self.log_fd is not None else None
 
 
 class Supervisor:
@@ -89,13 +102,15 @@ class Supervisor:
         options: JobOptions,
         policy: RestartPolicy,
         *,
+        lock: SupervisorLock | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.registry = registry
+        self.journal = Journal(registry, run, clock=clock)
         self.run = run
         self.options = options
         self.policy = policy
+        self.lock = lock
         self.clock = clock
         self.sleep = sleep
         self.state = RunState(run.state)
@@ -104,6 +119,11 @@ class Supervisor:
         self.batch_scale = 1.0
         self.notifiers = from_record(run.options.get("notify", []))
         self._wakeup_read: int | None = None
+        self._on_started: Callable[[Run], None] | None = None
+        self.subreaper = False
+        # A stop signal that `trainguard stop` did not announce came from a scheduler or a container
+        # runtime: under `run --foreground` that is a preemption (exit 75), not a person's stop.
+        self.stopped_from_outside = False
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -117,27 +137,44 @@ class Supervisor:
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self.stop_requested = signum
 
+    def _stop_grace(self) -> float:
+        """The grace period of the stop being acted on: the one `trainguard stop --grace` asked
+        for, else the run's."""
+        request = self.journal.stop_request()
+        self.stopped_from_outside = request is None
+        return float((request or {}).get("grace_s") or self.options.grace_s)
+
     # ------------------------------------------------------------------ state
     def _transition(self, new: RunState, reason: str | None = None, **data: object) -> None:
         check_transition(self.state, new)
         self.state = new
-        self.registry.set_state(self.run.id, new.value, reason=reason, data=dict(data))
+        self.journal.set_state(new.value, reason=reason, data=dict(data))
 
-    def _log_marker(self, text: str) -> None:
+    def _append_marker(self, log_file: str | None, text: str) -> None:
+        """A line in the attempt's own log, after the job is gone (a person following the file with
+        `tail -F` sees why it ended). Best effort: a full disk loses the line, not the supervision."""
+        if log_file is None:
+            return
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.run.log_path, "a", encoding="utf-8") as log:
-            log.write(f"==== trainguard {stamp} · {text} ====\n")
+        with contextlib.suppress(OSError):
+            fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)  # never recreate a removed log
+            with os.fdopen(fd, "a", encoding="utf-8") as log:
+                log.write(f"==== trainguard {stamp} · {text} ====\n")
 
     # ------------------------------------------------------------------ the loop
-    def supervise(self, *, adopt: bool = False) -> RunState:
+    def supervise(self, *, adopt: bool = False, on_started: Callable[[Run], None] | None = None) -> RunState:
         """Run attempts until the policy ends the run. With ``adopt``, the first attempt is the job
-        already running (its supervisor died): it is watched, not started."""
-        self.registry.update_run(self.run.id, supervisor_pid=os.getpid())
+        already running (its supervisor died): it is watched, not started. ``on_started`` is called
+        once the job runs (or is watched): the detached start-up handshake."""
+        self._on_started = on_started
+        self.subreaper = become_subreaper()
+        pid = os.getpid()
+        self.journal.update(supervisor_pid=pid, supervisor_start=start_time(pid))
+        self.journal.clear_stop_request()  # a request addressed to an earlier supervisor is stale
         default_scanner()  # compile the signatures now, not between a death and the restart
-        Path(self.options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        Path(self.options.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.monitor = RunMonitor(
-            self.registry,
-            self.run.id,
+            self.journal,
             interval_s=self.options.sample_interval_s,
             disk_paths=list(dict.fromkeys([self.run.run_dir, self.options.checkpoint_dir])),
             notifiers=self.notifiers,
@@ -145,25 +182,26 @@ class Supervisor:
             clock=self.clock,
         )
         if self.options.metrics_port is not None:
-            collector = TrainguardCollector(self.registry, run_id=self.run.id, xid_counts=kernel_xid_counter())
+            collector = TrainguardCollector(self.journal.registry, run_id=self.run.id, xid_counts=kernel_xid_counter())
             serve(self.options.metrics_port, self.options.metrics_bind, collector)
-        attempt_n = len(self.run.attempts)
+        attempt_n = self.run.attempts[-1].n if self.run.attempts else 0
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
         while True:
-            attempt_n += 1
             if self.stop_requested is not None:
+                self._started()
+                self._stop_grace()
                 self._transition(RunState.STOPPED, "stopped on request before the attempt started")
                 return self.state
             if adopt and self.run.attempts and self.run.attempts[-1].ended_at is None:
-                attempt_n -= 1
                 outcome, attempt = self._adopt_attempt(self.run.attempts[-1])
-                adopt = False
             else:
+                attempt_n += 1
                 outcome, attempt = self._run_attempt(attempt_n, restart_cause)
+            adopt = False
             self.history.append(outcome)
             decision = decide(self.history, self.policy, causes.catalogue())
-            self.registry.event(self.run.id, "decision", {"restart": decision.restart, "reason": decision.reason,
-                                                           "delay_s": decision.delay_s})  # fmt: skip
+            self.journal.event("decision", {"restart": decision.restart, "reason": decision.reason,
+                                            "delay_s": decision.delay_s})  # fmt: skip
             if attempt.cause is not None:
                 named = f"{attempt.cause} ({attempt.confidence or 0:.2f})"
                 self.monitor.alert(
@@ -175,32 +213,57 @@ class Supervisor:
             if not decision.restart:
                 final = RunState(decision.final_state)
                 self._transition(final, decision.reason)
-                self._log_marker(f"run {final.value}: {decision.reason}")
+                self._append_marker(attempt.log_path, f"run {final.value}: {decision.reason}")
                 if final is RunState.FAILED:
                     self.monitor.alert("run_failed", "critical", en=f"run failed: {decision.reason}",
                                        zh=f"运行失败：{decision.reason}")  # fmt: skip
+                self.journal.flush(force=True)
                 return final
             restart_cause = attempt.cause
             self.batch_scale *= decision.batch_scale
             self._transition(RunState.BACKOFF, decision.reason, delay_s=decision.delay_s)
             if not self._wait_backoff(decision):
+                self._stop_grace()
                 self._transition(RunState.STOPPED, "stopped on request during backoff")
+                self.journal.flush(force=True)
                 return self.state
+
+    def _started(self) -> None:
+        if self._on_started is not None:
+            callback, self._on_started = self._on_started, None
+            callback(self.run)
 
     def _wait_backoff(self, decision: Decision) -> bool:
         deadline = self.clock() + decision.delay_s
         while self.clock() < deadline:
             if self.stop_requested is not None:
                 return False
+            self._housekeeping()
             self.sleep(min(POLL_S, max(0.0, deadline - self.clock())))
         return self.stop_requested is None
 
+    def _housekeeping(self) -> None:
+        """Every tick: write what the registry could not take, and notice a removed state folder."""
+        self.journal.flush()
+        if self.lock is not None and not self.lock.still_ours():
+            # The run's folder was removed: take the lock again in the folder the journal recreated,
+            # so that no second supervisor can start for this run.
+            with contextlib.suppress(OSError, AlreadyWatched):
+                Path(self.run.run_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+                fresh = SupervisorLock.acquire(self.run.run_dir, self.run.id, patience_s=0)
+                self.lock.release()
+                self.lock = fresh
+
+    # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, n: int, restart_cause: str | None) -> tuple[Outcome, Attempt]:
         opts = self.options
+        run_dir = Path(self.run.run_dir)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         resume_from = find_resume(opts.checkpoint_dir, opts.checkpoint_glob)
-        error_file = os.path.join(self.run.run_dir, f"attempt-{n}.error.json")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(error_file)
+        error_file, progress_file = self._error_file(n), self._progress_file(n)
+        for stale in (error_file, progress_file):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
         env = job_environment(
             os.environ,
             run_id=self.run.id,
@@ -210,23 +273,17 @@ class Supervisor:
             resume_from=resume_from,
             batch_scale=self.batch_scale,
             error_file=error_file,
-            progress_file=self._progress_file(n),
+            progress_file=progress_file,
         )
-        marker = f"attempt {n}"
-        if restart_cause:
-            marker += f" · previous attempt died: {restart_cause}"
-        marker += f" · resuming from {resume_from}" if resume_from else " · starting fresh"
-        self._log_marker(marker)
-        log_fd = os.open(self.run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        log_offset = os.fstat(log_fd).st_size
-        started_wall = time.time()
-        memory = cgroups.create(f"trainguard-{self.run.id}-{n}", opts.memory_limit) if opts.memory_limit else None
+        log_file = str(run_dir / attempt_log_name(n))
+        # A fresh file per attempt: appending to one that already holds data is measurably slower.
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        read_fd = os.open(log_file, os.O_RDONLY | os.O_CLOEXEC)
+        self._point_output_log(attempt_log_name(n))
+        containment = contain(f"trainguard-{self.run.id}-{n}", opts.memory_limit, subreaper=self.subreaper)
         kernel_tail = kernel_log.KernelTail()  # opened before the job starts: none of its records are missed
-        argv = job_argv(opts.command, opts.resume_arg, resume_from)
-        if memory:
-            # The job joins its cgroup before exec, so it allocates nothing outside it (a shell
-            # rather than preexec_fn: the supervisor has threads when it serves metrics).
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(memory.procs), *argv]
+        argv = containment.join_argv(job_argv(opts.command, opts.resume_arg, resume_from))
+        started_wall = time.time()
         try:
             process = subprocess.Popen(
                 argv,
@@ -237,69 +294,105 @@ class Supervisor:
                 stderr=log_fd,
                 start_new_session=True,  # its own session: no terminal's SIGHUP reaches it
             )
+        except OSError:
+            os.close(read_fd)
+            containment.remove()
+            kernel_tail.close()
+            raise
         finally:
             os.close(log_fd)
-        # Recorded once the job runs: between a death and the next exec nothing waits on the registry.
+        job = ProcessRef(process.pid, start_time(process.pid))
+        containment.job = job
         attempt = Attempt(
-            n=n, started_at=started_wall, pid=process.pid, resumed_from=resume_from, log_offset=log_offset
+            n=n,
+            started_at=started_wall,
+            pid=process.pid,
+            pid_start=job.start,
+            resumed_from=resume_from,
+            log_path=log_file,
+            containment=containment.to_record(),
         )
         if self.state is RunState.BACKOFF:
             self._transition(RunState.STARTING)
-        self.registry.start_attempt(self.run.id, attempt)
+        self.journal.update(containment=containment.description)
+        self.journal.start_attempt(attempt)
         self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
-
-        return self._conclude(process, attempt, error_file, memory, kernel_tail)
+        self._started()
+        watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail)
+        return self._conclude(watch)
 
     def _adopt_attempt(self, attempt: Attempt) -> tuple[Outcome, Attempt]:
-        self._log_marker(f"attempt {attempt.n} (pid {attempt.pid}) taken back under watch")
-        self.registry.event(self.run.id, "adopted", {"n": attempt.n, "pid": attempt.pid})
+        job = ProcessRef(attempt.pid or 0, attempt.pid_start)
+        self.journal.event("adopted", {"n": attempt.n, "pid": attempt.pid})
         if self.state is not RunState.RUNNING:
             self._transition(RunState.RUNNING, f"attempt {attempt.n} adopted", pid=attempt.pid)
-        error_file = os.path.join(self.run.run_dir, f"attempt-{attempt.n}.error.json")
-        # No tail: the records of an adopted job's death may predate the adoption; read the whole log.
-        return self._conclude(_AdoptedProcess(attempt.pid or 0), attempt, error_file, None, None)
+        self._started()
+        containment = Containment.from_record(attempt.containment, job)
+        read_fd = None
+        if attempt.log_path:
+            with contextlib.suppress(OSError):
+                read_fd = os.open(attempt.log_path, os.O_RDONLY | os.O_CLOEXEC)
+        # No kernel tail: the records of an adopted job's death may predate the adoption.
+        watch = _AttemptWatch(_AdoptedProcess(job), attempt, containment, read_fd, self.clock())
+        return self._conclude(watch)
 
-    def _conclude(
-        self,
-        process: Any,
-        attempt: Attempt,
-        error_file: str,
-        memory: cgroups.MemoryCgroup | None,
-        kernel_tail: kernel_log.KernelTail | None,
-    ) -> tuple[Outcome, Attempt]:
-        """Watch the attempt to its end, name the death, and sum it up for the policy."""
-        opts = self.options
-        n, resume_from, log_offset = attempt.n, attempt.resumed_from, attempt.log_offset
-        started_wall = attempt.started_at
-        watch = _AttemptWatch(process, self.clock(), log_offset, resume_from, {process.pid})
-        watch.kernel = kernel_tail
+    def _point_output_log(self, target: str) -> None:
+        """output.log is a symlink to the current attempt's log (`tail -F output.log` follows restarts)."""
+        link = Path(self.run.log_path)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            tmp.symlink_to(target)
+            os.replace(tmp, link)
+
+    def _error_file(self, n: int) -> str:
+        return os.path.join(self.run.run_dir, f"attempt-{n}.error.json")
+
+    def _progress_file(self, n: int) -> str:
+        return os.path.join(self.run.run_dir, f"attempt-{n}.progress.json")
+
+    def _conclude(self, watch: _AttemptWatch) -> tuple[Outcome, Attempt]:
+        """Watch the attempt to its end, empty its cgroups, name the death, and sum it up for the policy."""
+        opts, attempt = self.options, watch.attempt
         watch.last_progress_mono = watch.started_mono
-        watch.last_log_size = log_offset
-        watch.last_checkpoint = resume_from
-        returncode = self._watch(watch, n)
-        stopped = self.stop_requested is not None and not watch.hung
+        watch.last_log_size = self._log_size(watch)
+        watch.last_checkpoint = attempt.resumed_from
+        watch.pids = {watch.process.pid}
+        try:
+            returncode = self._watch(watch)
+            stopped = self.stop_requested is not None and not watch.hung
+            attempt.ended_at = time.time()
+            leftovers = watch.containment.kill_all()
+            if leftovers:
+                self.journal.event("leftovers_killed", {"n": attempt.n, "processes": leftovers})
+            oom_kills = watch.containment.groups.oom_kills() if watch.containment.groups else 0
+            watch.containment.remove()
 
-        status = ExitStatus.from_number(returncode) if returncode not in (None, EXIT_UNKNOWN) else None
-        attempt.ended_at = time.time()
-        attempt.exit_code = status.code if status else None
-        attempt.signal = status.signal if status else None
-        new_checkpoint = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0) not in (None, resume_from)
-        new_lines = self._count_lines(log_offset)
-        oom_kills = memory.oom_kills() if memory else 0
-        if memory:
-            memory.remove()
-        stopped_itself = self._stopped_on_signal(n) if returncode == 0 and not stopped else None
-        if (returncode == 0 and stopped_itself is None) or stopped:
-            attempt.cause = None
-        else:
-            extra = [stopped_itself] if stopped_itself else []
-            diagnosis = self._diagnose(watch, status, started_wall, attempt.ended_at, error_file, oom_kills, extra)
-            attempt.cause = diagnosis["cause"]
-            attempt.confidence = diagnosis["confidence"]
-            attempt.diagnosis = diagnosis
-        if watch.kernel is not None:
-            watch.kernel.close()
-        self.registry.end_attempt(self.run.id, attempt)
+            status = ExitStatus.from_number(returncode) if returncode not in (None, EXIT_UNKNOWN) else None
+            attempt.exit_code = status.code if status else None
+            attempt.signal = status.signal if status else None
+            attempt.progress = progress.read(self._progress_file(attempt.n)) or attempt.progress
+            latest = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0)
+            new_checkpoint = latest not in (None, attempt.resumed_from)
+            new_lines = self._count_lines(watch)
+            stopped_itself = self._stopped_on_signal(attempt) if returncode == 0 and not stopped else None
+            if (returncode == 0 and stopped_itself is None) or stopped:
+                attempt.cause = None
+            else:
+                extra = [stopped_itself] if stopped_itself else []
+                diagnosis = self._diagnose(watch, status, oom_kills, extra)
+                attempt.cause = diagnosis["cause"]
+                attempt.confidence = diagnosis["confidence"]
+                attempt.diagnosis = diagnosis
+            if watch.hung:
+                self._append_marker(attempt.log_path, f"no progress for {opts.hang_timeout_s:g} s: stopped")
+            self.journal.end_attempt(attempt)
+        finally:
+            if watch.kernel is not None:
+                watch.kernel.close()
+            if watch.log_fd is not None:
+                os.close(watch.log_fd)
         outcome = Outcome(
             exit_code=attempt.exit_code,
             signal=attempt.signal,
@@ -326,19 +419,20 @@ class Supervisor:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wakeup_read, 512)
 
-    def _watch(self, watch: _AttemptWatch, n: int) -> int:
+    def _watch(self, watch: _AttemptWatch) -> int:
         try:
             watch.pidfd = os.pidfd_open(watch.process.pid)
         except (AttributeError, OSError):
-            watch.pidfd = None  # an old kernel: poll every tick instead
+            watch.pidfd = None  # an old kernel, or the job is already gone: poll every tick instead
         try:
-            return self._watch_loop(watch, n)
+            return self._watch_loop(watch)
         finally:
             if watch.pidfd is not None:
                 os.close(watch.pidfd)
 
-    def _watch_loop(self, watch: _AttemptWatch, n: int) -> int:
-        next_tree_sample = self.clock()
+    def _watch_loop(self, watch: _AttemptWatch) -> int:
+        next_tick = self.clock()
+        n = watch.attempt.n
         while True:
             returncode = watch.process.poll()
             if returncode is not None:
@@ -346,25 +440,34 @@ class Supervisor:
             now = self.clock()
             if self.stop_requested is not None and self.state is not RunState.STOPPING:
                 self._transition(RunState.STOPPING, f"signal {self.stop_requested}")
-                return self._stop_group(watch)
-            if now >= next_tree_sample:
+                return self._stop_job(watch, self._stop_grace())
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                self._housekeeping()
                 watch.pids |= _descendants(watch.process.pid)
-                next_tree_sample = now + TREE_SAMPLE_S
                 self._check_progress(watch, now)
                 self.monitor.tick(watch.process.pid)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
                     self._dump_stacks(watch, n)
                     silent = now - watch.last_progress_mono
-                    self.registry.event(self.run.id, "hang", {"attempt": n, "silent_s": silent})
+                    self.journal.event("hang", {"attempt": n, "silent_s": silent})
                     self.monitor.alert(
                         "hang",
                         "critical",
                         en=f"attempt {n}: no progress for {silent:.0f} s; restarting",
                         zh=f"第 {n} 次尝试：{silent:.0f} 秒没有进展；正在重启",
                     )
-                    return self._stop_group(watch)
-            self._wait_for_exit(watch, max(0.0, next_tree_sample - self.clock()))
+                    return self._stop_job(watch, self.options.grace_s)
+            self._wait_for_exit(watch, max(0.0, next_tick - self.clock()))
+
+    def _log_size(self, watch: _AttemptWatch) -> int:
+        if watch.log_fd is None:
+            return 0
+        try:
+            return os.fstat(watch.log_fd).st_size
+        except OSError:
+            return 0
 
     def _checkpoint_bytes(self) -> int | None:
         newest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
@@ -377,73 +480,87 @@ class Supervisor:
             return None
 
     def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
-        try:
-            size = os.path.getsize(self.run.log_path)
-        except OSError:
-            size = watch.last_log_size
+        """New output, a new checkpoint or a new step reported by the job all count as progress."""
+        size = self._log_size(watch)
         latest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
-        if size != watch.last_log_size or latest != watch.last_checkpoint:
+        reported = progress.read(self._progress_file(watch.attempt.n))
+        step_moved = reported.get("step_time") != (watch.attempt.progress or {}).get("step_time")
+        if size != watch.last_log_size or latest != watch.last_checkpoint or step_moved:
             watch.last_log_size = size
             watch.last_checkpoint = latest
             watch.last_progress_mono = now
+        if reported and step_moved:
+            watch.attempt.progress = reported
+            if now - watch.last_progress_saved >= PROGRESS_SAVE_S:
+                watch.last_progress_saved = now
+                self.journal.save_progress(watch.attempt)
 
-    def _stop_group(self, watch: _AttemptWatch) -> int:
-        """Stop signal to the job's process group, the grace period for a checkpoint, then SIGKILL."""
-        pgid = watch.process.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, self.options.stop_signal)
-        deadline = self.clock() + self.options.grace_s
-        while self.clock() < deadline:
-            returncode = watch.process.poll()
-            if returncode is not None:
-                break
-            self.sleep(POLL_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)  # what is left of the group (workers, writers) goes too
+    def _stop_job(self, watch: _AttemptWatch, grace_s: float) -> int:
+        if watch.containment.job is None:
+            watch.containment.job = ProcessRef(watch.process.pid)
+        stop_gracefully(
+            watch.containment,
+            self.options.stop_signal,
+            grace_s,
+            job_exited=lambda: watch.process.poll() is not None,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
         return watch.process.wait()
 
     def _dump_stacks(self, watch: _AttemptWatch, n: int) -> None:
         target = Path(self.run.run_dir) / f"hang-attempt-{n}.txt"
         py_spy = shutil.which("py-spy")
-        if py_spy is None:
-            target.write_text("py-spy is not installed (pip install py-spy): no stacks could be dumped\n")
-            self._log_marker(f"no progress for {self.options.hang_timeout_s:g} s; py-spy not installed, no stacks")
-            return
-        with open(target, "w", encoding="utf-8") as out:
-            for pid in sorted(watch.pids):
-                out.write(f"--- process {pid} ---\n")
-                out.flush()
-                subprocess.run([py_spy, "dump", "--pid", str(pid)], stdout=out, stderr=subprocess.STDOUT,
-                               timeout=30, check=False)  # fmt: skip
-        self._log_marker(f"no progress for {self.options.hang_timeout_s:g} s; stacks in {target}")
+        try:
+            if py_spy is None:
+                with open_private(target) as out:
+                    out.write("py-spy is not installed (pip install py-spy): no stacks could be dumped\n")
+                self._append_marker(watch.attempt.log_path, "no progress; py-spy not installed, no stacks")
+                return
+            with open_private(target) as out:
+                for pid in sorted(watch.containment.pids() or watch.pids):
+                    out.write(f"--- process {pid} ---\n")
+                    out.flush()
+                    dump = subprocess.Popen([py_spy, "dump", "--pid", str(pid)], stdout=out, stderr=subprocess.STDOUT)
+                    watch.containment.helpers.add(dump.pid)
+                    try:
+                        dump.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        dump.kill()
+                        dump.wait()
+                    finally:
+                        watch.containment.helpers.discard(dump.pid)
+        except OSError:
+            return  # a full state disk loses the stacks, not the restart
+        silent = f"no progress for {self.options.hang_timeout_s:g} s"
+        self._append_marker(watch.attempt.log_path, f"{silent}; stacks in {target}")
 
     # ------------------------------------------------------------------ after a death
-    def _count_lines(self, offset: int, enough: int = STARTUP_LINES + 1) -> int:
-        """New lines since ``offset``, counted only as far as the crash-loop guard needs to know."""
+    def _count_lines(self, watch: _AttemptWatch, enough: int = STARTUP_LINES + 1) -> int:
+        """New lines of the attempt, counted only as far as the crash-loop guard needs to know."""
+        if watch.log_path is None:
+            return 0
         count = 0
-        with open(self.run.log_path, "rb") as log:
-            log.seek(offset)
+        with contextlib.suppress(OSError), open(watch.log_path, "rb") as log:
+            log.seek(watch.attempt.log_offset)
             for block in read_blocks(log, 64 * 1024):
                 count += block.count(b"\n")
                 if count >= enough:
                     break
         return count
 
-    def _progress_file(self, n: int) -> str:
-        return os.path.join(self.run.run_dir, f"attempt-{n}.progress.json")
-
-    def _stopped_on_signal(self, n: int) -> Observation | None:
+    def _stopped_on_signal(self, attempt: Attempt) -> Observation | None:
         """A job that saved and left its loop because a signal asked it to (a scheduler's SIGTERM, a
         pre-timeout SIGUSR1) exits 0, but its training is not finished: that attempt was preempted."""
-        record = progress.read(self._progress_file(n))
-        signum = record.get("stop_signal")
+        signum = (attempt.progress or {}).get("stop_signal")
         if not signum:
             return None
         try:
             name = signal.Signals(signum).name
         except ValueError:
             name = f"signal {signum}"
-        at_step = f" at step {record['step']}" if record.get("step") is not None else ""
+        step = (attempt.progress or {}).get("step")
+        at_step = f" at step {step}" if step is not None else ""
         return Observation(
             source="telemetry",
             cause="preempted",
@@ -455,18 +572,12 @@ class Supervisor:
         )
 
     def _diagnose(
-        self,
-        watch: _AttemptWatch,
-        status: ExitStatus | None,
-        started: float,
-        ended: float,
-        error_file: str,
-        oom_kills: int,
-        extra: list[Observation] | None = None,
+        self, watch: _AttemptWatch, status: ExitStatus | None, oom_kills: int, extra: list[Observation]
     ) -> dict:
-        extra = self.monitor.evidence(ended) + (extra or [])
+        attempt = watch.attempt
+        extra = self.monitor.evidence(attempt.ended_at or time.time()) + extra
         if oom_kills:
-            limit = self.options.memory_limit / 1024**3
+            limit = (self.options.memory_limit or 0) / 1024**3
             extra.append(
                 Observation(
                     source="telemetry",
@@ -479,14 +590,14 @@ class Supervisor:
                 )
             )
         report = attempt_report(
-            self.run.log_path,
-            log_start=watch.log_offset,
+            watch.log_path,
+            log_start=attempt.log_offset,
             log_end=None,
             exit_status=None if watch.hung else status,
-            started=started,
-            ended=ended,
-            pids=watch.pids,
-            error_file=error_file,
+            started=attempt.started_at,
+            ended=attempt.ended_at or time.time(),
+            pids=watch.pids | {attempt.pid or 0},
+            error_file=self._error_file(attempt.n),
             hang_timeout_s=self.options.hang_timeout_s if watch.hung else None,
             extra=extra,
             kernel_tail=watch.kernel,

@@ -1,28 +1,46 @@
-"""Starting runs: validating the command, recording the run, and supervising it here (foreground) or
-in a detached process of its own."""
+"""Starting and ending supervision: what is checked before a run detaches, the supervisor's start-up
+handshake with the command that started it, adopting a run whose supervisor died, continuing an
+ended run in place, and stopping a run that has no supervisor.
+
+Every path that acts on a run's job holds the run's supervisor lock first, so two of them never act
+on one job at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard._proc import pid_alive
+import psutil
+
+from trainguard import causes
+from trainguard._proc import ProcessRef
 from trainguard.causes import CAUSE_IDS, Retry
-from trainguard.errors import UsageError
-from trainguard.paths import state_dir
+from trainguard.errors import TrainguardError, UsageError
+from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, Run
+from trainguard.supervisor import lock as run_lock
+from trainguard.supervisor.containment import Containment, stop_gracefully
 from trainguard.supervisor.job import JobOptions
-from trainguard.supervisor.policy import RestartPolicy
+from trainguard.supervisor.policy import RestartPolicy, verdict_exit_code
 from trainguard.supervisor.runner import Supervisor
 from trainguard.supervisor.states import TERMINAL_STATES, RunState
 
+MIN_MEMORY_LIMIT = 64 * 1024**2
+HANDSHAKE_TIMEOUT_S = 120.0  # NVML start-up on a machine with many GPUs takes seconds
 
+
+# ---------------------------------------------------------------------------------------------- preflight
 def check_command(command: list[str], cwd: str) -> None:
     """A command that cannot start is refused before any run record exists."""
     program = command[0]
@@ -34,6 +52,41 @@ def check_command(command: list[str], cwd: str) -> None:
             raise UsageError(f"not an executable file: {program}", f"不是可执行文件：{program}")
     elif shutil.which(program) is None:
         raise UsageError(f"command not found: {program}", f"找不到命令：{program}")
+
+
+def check_cwd(cwd: str) -> None:
+    try:
+        os.listdir(cwd)
+    except OSError as exc:
+        raise UsageError(f"cannot use the working folder {cwd}: {exc.strerror}",
+                         f"无法使用工作目录 {cwd}：{exc.strerror}") from None  # fmt: skip
+
+
+def check_checkpoint_dir(path: str) -> None:
+    """The job's checkpoint folder can be created and written, or the run is refused now."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".trainguard-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"--checkpoint-dir {path}: cannot write there ({exc.strerror or exc})",
+            f"--checkpoint-dir {path}：无法写入（{exc.strerror or exc}）",
+        ) from None
+
+
+def check_memory_limit(limit: int) -> None:
+    """Between 64 MiB and what the machine has (RAM + swap), and enforceable by a memory cgroup."""
+    from trainguard.probes import cgroups
+
+    ceiling = psutil.virtual_memory().total + psutil.swap_memory().total
+    if not MIN_MEMORY_LIMIT <= limit <= ceiling:
+        raise UsageError(
+            f"--memory-limit must be between 64M and {ceiling / 1024**3:.1f}G (this machine's RAM + swap), "
+            f"not {limit} bytes",
+            f"--memory-limit 必须在 64M 与 {ceiling / 1024**3:.1f}G（本机内存 + swap）之间，而不是 {limit} 字节",
+        )
+    cgroups.create(f"trainguard-check-{os.getpid()}", limit).remove()
 
 
 def parse_retry_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -49,6 +102,10 @@ def parse_retry_overrides(items: tuple[str, ...]) -> dict[str, str]:
     return overrides
 
 
+def options_record(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def create_run(command: list[str], *, name: str | None, options: dict[str, Any]) -> tuple[Registry, Run]:
     registry = Registry(state_dir())
     run = registry.create_run(command, name=name, cwd=os.getcwd(), options=options)
@@ -59,7 +116,8 @@ def create_run(command: list[str], *, name: str | None, options: dict[str, Any])
     return registry, run
 
 
-def _job_options(run: Run) -> JobOptions:
+# ---------------------------------------------------------------------------------------------- supervising
+def job_options(run: Run) -> JobOptions:
     o = run.options
     return JobOptions(
         command=tuple(run.command),
@@ -86,47 +144,212 @@ def _policy(run: Run) -> RestartPolicy:
     )
 
 
-def supervise_run(run_id: str, *, registry: Registry | None = None, adopt: bool = False) -> int:
-    registry = registry or Registry(state_dir())
-    run = registry.get(run_id)
-    if run is None:
-        print(f"trainguard supervisor: no run {run_id}", file=sys.stderr)
-        return 2
-    supervisor = Supervisor(registry, run, _job_options(run), _policy(run))
-    supervisor.install_signal_handlers()
-    final = supervisor.supervise(adopt=adopt)
-    return 0 if final in (RunState.SUCCEEDED, RunState.STOPPED) else 1
+class Handshake:
+    """The detached supervisor's answer to the command that started it: one JSON line on a pipe,
+    written once the job runs (or is watched again), or the one-line error that stopped it."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._fd, (json.dumps(message) + "\n").encode())
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        self._fd = None
+
+    def started(self, run: Run) -> None:
+        self._send({"ok": True, "job_pid": run.job_pid})
+
+    def failed(self, error: TrainguardError) -> None:
+        self._send({"ok": False, "en": error.message_en, "zh": error.message_zh, "exit_code": error.exit_code})
+
+    @property
+    def pending(self) -> bool:
+        return self._fd is not None
 
 
-def start_detached(registry: Registry, run: Run, *, wait_s: float = 10.0, adopt: bool = False) -> Run:
-    """Start the run's supervisor in a session of its own, and return once the job has started."""
-    with open(Path(run.run_dir) / "supervisor.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trainguard.supervisor", run.id, *(["--adopt"] if adopt else [])],
+def supervise_run(
+    run_id: str,
+    *,
+    registry: Registry | None = None,
+    adopt: bool = False,
+    restart: bool = False,
+    handshake_fd: int | None = None,
+    on_started: Callable[[Run], None] | None = None,
+) -> int:
+    """Supervise a run until it ends; the exit status is the run's verdict (DESIGN section 5)."""
+    handshake = Handshake(handshake_fd)
+    lock = None
+    try:
+        registry = registry or Registry(state_dir())
+        run = registry.get(run_id)
+        if run is None:
+            raise UsageError(f"no run {run_id}", f"没有运行 {run_id}")
+        lock = run_lock.SupervisorLock.acquire(run.run_dir, run.id)
+        run = registry.get(run_id)  # read again under the lock: another supervisor may have changed it
+        state = RunState(run.state)
+        if adopt and state in TERMINAL_STATES:
+            raise UsageError(f"run {run.id} has ended ({run.state})", f"运行 {run.id} 已结束（{run.state}）")
+        if restart:
+            if state not in TERMINAL_STATES:
+                raise UsageError(f"run {run.id} is still {run.state}", f"运行 {run.id} 仍在{run.state}")
+            registry.set_state(run.id, RunState.STARTING.value, reason="continued in place", data={"restart": True})
+            run.state = RunState.STARTING.value
+        supervisor = Supervisor(registry, run, job_options(run), _policy(run), lock=lock)
+        supervisor.install_signal_handlers()
+
+        def started(current: Run) -> None:
+            handshake.started(current)
+            if on_started is not None:
+                on_started(current)
+
+        final = supervisor.supervise(adopt=adopt, on_started=started)
+    except TrainguardError as exc:
+        if not handshake.pending and handshake_fd is not None:
+            raise
+        handshake.failed(exc)
+        if handshake_fd is None:
+            raise
+        return exc.exit_code
+    except OSError as exc:
+        error = UsageError(f"cannot start the job: {exc.strerror or exc}", f"无法启动作业：{exc.strerror or exc}")
+        handshake.failed(error)
+        if handshake_fd is None:
+            raise error from exc
+        return error.exit_code
+    finally:
+        if lock is not None:
+            lock.release()
+    last = supervisor.run.attempts[-1].cause if supervisor.run.attempts else None
+    return verdict_exit_code(
+        final.value, last, causes.catalogue(), stopped_from_outside=supervisor.stopped_from_outside
+    )
+
+
+def start_detached(registry: Registry, run: Run, *, adopt: bool = False, restart: bool = False) -> Run:
+    """Start the run's supervisor in a session of its own and wait for its handshake: back comes the
+    run with its job started, or the supervisor's one-line error (raised here)."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    log_path = Path(run.run_dir) / "supervisor.log"
+    try:
+        log = open_private(log_path, "ab")
+    except OSError:
+        log = open(os.devnull, "wb")  # noqa: SIM115 - a full state disk must not stop the start
+    flags = (["--adopt"] if adopt else []) + (["--restart"] if restart else [])
+    try:
+        process = _spawn_supervisor(
+            [sys.executable, "-m", "trainguard.supervisor", run.id, "--handshake", str(write_fd), *flags],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=run.cwd,
+            cwd=run.cwd if os.path.isdir(run.cwd) else "/",
+            pass_fds=(write_fd,),
         )
-    registry.update_run(run.id, supervisor_pid=process.pid)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        current = registry.get(run.id)
-        if adopt:
-            started = any(event["kind"] == "adopted" for event in registry.events(run.id))
-        else:
-            started = bool(current.attempts)
-        if started or RunState(current.state) in TERMINAL_STATES or process.poll() is not None:
-            return current
-        time.sleep(0.05)
-    return registry.get(run.id)
+    except OSError as exc:
+        os.close(read_fd)
+        raise TrainguardError(f"cannot start the supervisor ({sys.executable}): {exc.strerror}",
+                              f"无法启动监督进程（{sys.executable}）：{exc.strerror}") from None  # fmt: skip
+    finally:
+        os.close(write_fd)
+        log.close()
+    try:
+        message = _await_handshake(read_fd, HANDSHAKE_TIMEOUT_S)
+    finally:
+        os.close(read_fd)
+    if message is None:
+        if process.poll() is None:
+            raise TrainguardError(
+                f"the supervisor of run {run.id} has not answered in {HANDSHAKE_TIMEOUT_S:g} s; see {log_path}",
+                f"运行 {run.id} 的监督进程 {HANDSHAKE_TIMEOUT_S:g} 秒内没有回应；见 {log_path}",
+            )
+        last = _last_line(log_path)
+        raise TrainguardError(
+            f"the supervisor of run {run.id} exited while starting" + (f": {last}" if last else f"; see {log_path}"),
+            f"运行 {run.id} 的监督进程在启动时退出" + (f"：{last}" if last else f"；见 {log_path}"),
+        )
+    if not message.get("ok"):
+        error = UsageError(message.get("en", "the supervisor could not start"), message.get("zh"))
+        error.exit_code = int(message.get("exit_code", 2))
+        raise error
+    current = registry.get(run.id) or run
+    current.job_pid = message.get("job_pid", current.job_pid)
+    return current
+
+
+def _spawn_supervisor(argv: list[str], **kwargs: Any) -> subprocess.Popen:
+    return subprocess.Popen(argv, **kwargs)
+
+
+def _await_handshake(fd: int, timeout_s: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+
+
+def _last_line(path: Path) -> str | None:
+    with contextlib.suppress(OSError):
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1][:300] if lines else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- watched or not
+def watched_by(run: Run) -> ProcessRef | None:
+    """The supervisor holding the run's lock, or None."""
+    return run_lock.holder(run.run_dir)
 
 
 def unwatched(run: Run) -> bool:
-    """An active run whose supervisor is gone (killed, OOM-killed itself, machine tool crashed)."""
-    return RunState(run.state) not in TERMINAL_STATES and not pid_alive(run.supervisor_pid)
+    """An active run whose supervisor is gone (killed, OOM-killed itself, the machine tool crashed)."""
+    return RunState(run.state) not in TERMINAL_STATES and watched_by(run) is None
 
 
-def options_record(**values: Any) -> dict[str, Any]:
-    return {key: value for key, value in values.items() if value is not None}
+def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> str:
+    """Stop a run that has no supervisor, as its supervisor would: the stop signal to the job's group,
+    the grace period, then SIGKILL to everything left. Returns what really happened."""
+    held = run_lock.SupervisorLock.acquire(run.run_dir, run.id)
+    try:
+        run = registry.get(run.id) or run
+        if RunState(run.state) in TERMINAL_STATES:
+            return f"run {run.id} had already ended ({run.state})"
+        last = run.attempts[-1] if run.attempts and run.attempts[-1].ended_at is None else None
+        job = ProcessRef(last.pid, last.pid_start) if last and last.pid else None
+        containment = Containment.from_record(last.containment if last else None, job)
+        if job is None or (not job.alive() and not containment.pids()):
+            what = "nothing was running: the job had already ended unwatched"
+        else:
+            stop_signal = int(run.options.get("stop_signal", 15))
+            started = time.monotonic()
+            in_time = stop_gracefully(containment, stop_signal, grace_s, job_exited=lambda: not job.alive())
+            took = time.monotonic() - started
+            what = (
+                f"the job ended {took:.1f} s after the stop signal"
+                if in_time
+                else f"the job did not end within the {grace_s:g} s grace period and was killed"
+            )
+        containment.remove()
+        if last is not None:
+            last.ended_at = time.time()
+            registry.end_attempt(run.id, last)
+        registry.set_state(run.id, RunState.STOPPED.value, reason=f"stopped on request without a supervisor: {what}")
+        return what
+    finally:
+        held.release()

@@ -23,6 +23,10 @@ _ALLOWED = {
     RunState.RUNNING: {RunState.BACKOFF, RunState.STOPPING, RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED},
     RunState.BACKOFF: {RunState.STARTING, RunState.STOPPING, RunState.STOPPED, RunState.FAILED},
     RunState.STOPPING: {RunState.STOPPED},
+    # `trainguard restart RUN` (or `run --name N` of an ended run) continues an ended run in place.
+    RunState.SUCCEEDED: {RunState.STARTING},
+    RunState.FAILED: {RunState.STARTING},
+    RunState.STOPPED: {RunState.STARTING},
 }
 
 # What `status --json` and `ps` show (DESIGN section 5): five words a script can rely on.

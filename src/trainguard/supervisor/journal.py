@@ -1,0 +1,164 @@
+"""The supervisor's record of its run, kept in memory first and written to the registry second.
+
+Supervision must not depend on the state disk: when the registry cannot be written (the disk is
+full, the database read-only or removed) the supervisor goes on watching, restarting and stopping
+the job. Writes that fail wait in a queue and are retried on every tick, in order; the problem is
+reported once (syslog and the supervisor's own log) and once more when it is over. When the state
+folder was removed under the run, the registry is recreated and the whole run written back, so
+`trainguard ps` sees it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainguard.store.registry import Attempt, Registry, RegistryError, Run
+
+log = logging.getLogger("trainguard.supervisor")
+
+MAX_QUEUED = 10_000  # events beyond this are dropped (the oldest first); states and attempts are rewritten whole
+RETRY_EVERY_S = 2.0
+
+
+def _report(message: str) -> None:
+    """Once per episode: the supervisor's log (stderr) and the system log, where there is one."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"trainguard supervisor: {message}", file=sys.stderr, flush=True)
+    try:
+        import syslog
+
+        syslog.openlog("trainguard", syslog.LOG_PID, syslog.LOG_USER)
+        syslog.syslog(syslog.LOG_WARNING, message)
+    except (ImportError, OSError):
+        pass
+
+
+class Journal:
+    def __init__(self, registry: Registry, run: Run, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.run = run
+        self.clock = clock
+        self._queue: deque[Callable[[], None]] = deque()
+        self._failing_since: float | None = None
+        self._next_retry = 0.0
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, op: Callable[[], None]) -> None:
+        if self._queue:  # keep the order: nothing jumps ahead of what is already waiting
+            self._enqueue(op)
+            self.flush()
+            return
+        try:
+            op()
+        except RegistryError as exc:
+            self._enqueue(op)
+            self._failed(exc)
+
+    def _enqueue(self, op: Callable[[], None]) -> None:
+        self._queue.append(op)
+        while len(self._queue) > MAX_QUEUED:
+            self._queue.popleft()
+
+    def _failed(self, exc: RegistryError) -> None:
+        if self._failing_since is None:
+            self._failing_since = time.time()
+            _report(
+                f"run {self.run.id}: cannot write the run registry ({exc.message_en}); "
+                "supervision goes on, the records are kept in memory and written when it works again"
+            )
+        self._next_retry = self.clock() + RETRY_EVERY_S
+
+    def flush(self, *, force: bool = False) -> bool:
+        """Write what is waiting; True when nothing is left. Called on every tick of the supervisor."""
+        if not force and self._queue and self.clock() < self._next_retry:
+            return False
+        if self.registry.replaced():
+            self._recreate()
+        while self._queue:
+            try:
+                self._queue[0]()
+            except RegistryError as exc:
+                self._failed(exc)
+                return False
+            self._queue.popleft()
+        if self._failing_since is not None:
+            _report(f"run {self.run.id}: the run registry can be written again")
+            self._failing_since = None
+        return True
+
+    def _recreate(self) -> None:
+        """The state folder (or the database) was removed under the run: make it anew and put the
+        run back, so it stays visible to `trainguard ps`."""
+        try:
+            Path(self.run.run_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.registry.reopen()
+            self.registry.restore_run(self.run)
+        except (RegistryError, OSError) as exc:
+            self._failed(exc if isinstance(exc, RegistryError) else RegistryError(str(exc)))
+            return
+        _report(f"run {self.run.id}: the run registry was removed under the run; recreated it")
+
+    @property
+    def healthy(self) -> bool:
+        return not self._queue
+
+    # ------------------------------------------------------------------ what the supervisor records
+    def set_state(self, state: str, reason: str | None = None, data: dict[str, Any] | None = None) -> None:
+        self.run.state = state
+        if reason is not None:
+            self.run.reason = reason
+        self._write(lambda: self.registry.set_state(self.run.id, state, reason=reason, data=data))
+
+    def update(self, **fields: Any) -> None:
+        for key, value in fields.items():
+            setattr(self.run, key, value)
+        self._write(lambda: self.registry.update_run(self.run.id, **fields))
+
+    def event(self, kind: str, data: dict[str, Any]) -> None:
+        at = time.time()
+        self._write(lambda: self.registry.event(self.run.id, kind, data, at=at))
+
+    def start_attempt(self, attempt: Attempt) -> None:
+        self.run.attempts.append(attempt)
+        self.run.job_pid, self.run.job_start = attempt.pid, attempt.pid_start
+        self._write(lambda: self.registry.start_attempt(self.run.id, attempt))
+
+    def end_attempt(self, attempt: Attempt) -> None:
+        self._write(lambda: self.registry.end_attempt(self.run.id, attempt))
+
+    def save_progress(self, attempt: Attempt) -> None:
+        progress = dict(attempt.progress or {})
+        self._write(lambda: self.registry.save_progress(self.run.id, attempt.n, progress))
+
+    # Samples are many and each is worth little: one that cannot be written is dropped, not queued.
+    def add_sample(self, run_id: str, sample_time: float, data: dict[str, Any]) -> None:
+        if self._queue:
+            return
+        try:
+            self.registry.add_sample(run_id, sample_time, data)
+        except RegistryError as exc:
+            self._failed(exc)
+
+    def downsample(self, run_id: str, now: float) -> None:
+        with contextlib.suppress(RegistryError):
+            if not self._queue:
+                self.registry.downsample(run_id, now)
+
+    def stop_request(self) -> dict[str, Any] | None:
+        """What `trainguard stop` asked for (its grace), read fresh; None when it cannot be read."""
+        try:
+            current = self.registry.get(self.run.id)
+        except RegistryError:
+            return None
+        return current.stop_request if current else None
+
+    def clear_stop_request(self) -> None:
+        if self.run.stop_request is not None or self.stop_request() is not None:
+            self.update(stop_request=None)

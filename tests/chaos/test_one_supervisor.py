@@ -1,0 +1,157 @@
+"""Exactly one supervisor per run, and liveness that is true: concurrent adopts, a zombie supervisor,
+a recorded pid taken by another process, `stop` of a run whose supervisor is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.conftest import alive
+from tests.real.runs import run_id_from, script, status, tg, wait_for
+
+pytestmark = pytest.mark.real
+
+
+def supervisors_of(run_id: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not alive(int(entry.name)):
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainguard.supervisor" in argv and run_id.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def supervisor_pid(run_id: str) -> int:
+    return wait_for(lambda: (supervisors_of(run_id) or [None])[0], what="the supervisor")
+
+
+def test_six_concurrent_adopts_leave_one_supervisor_one_job_and_a_consistent_run(home: Path) -> None:
+    run_id = run_id_from(tg("run", "--name", "x", "--", "sleep", "300").stdout)
+    os.kill(supervisor_pid(run_id), signal.SIGKILL)
+    wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+    adopts = [subprocess.Popen([sys.executable, "-m", "trainguard", "adopt", "x"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(6)]  # fmt: skip
+    results = [(p.wait(60), p.stderr.read()) for p in adopts]
+    assert sorted(code for code, _ in results) == [0, 2, 2, 2, 2, 2], results
+    for code, err in results:
+        if code == 2:
+            assert "already watched by supervisor" in err and err.count("\n") == 1
+    assert len(supervisors_of(run_id)) == 1
+
+    job = status(run_id)["pid"]
+    os.kill(job, signal.SIGKILL)
+    wait_for(lambda: len(status(run_id)["attempts"]) == 2 and status(run_id)["state"] == "running",
+             what="the one restart")  # fmt: skip
+    time.sleep(1.5)  # room for a second (wrong) restart to show up
+    info = status(run_id)
+    assert [a["n"] for a in info["attempts"]] == [1, 2]
+    assert len(supervisors_of(run_id)) == 1
+    assert tg("stop", run_id, "--grace", "2s").returncode == 0
+    time.sleep(1.0)
+    final = status(run_id)
+    assert final["state"] == "stopped" and [a["n"] for a in final["attempts"]] == [1, 2]
+    assert not alive(info["pid"])
+    assert supervisors_of(run_id) == []
+
+
+def test_a_zombie_supervisor_is_gone_at_once(tmp_path: Path, home: Path) -> None:
+    """A supervisor killed under a parent that has not reaped it yet is a zombie: it watches nothing."""
+    foreground = subprocess.Popen([sys.executable, "-m", "trainguard", "run", "--name", "z", "--foreground", "--",
+                                   "sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        run = wait_for(lambda: _running("z"), what="the run to start")
+        os.kill(foreground.pid, signal.SIGKILL)
+        wait_for(lambda: Path(f"/proc/{foreground.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+                 what="a zombie")  # fmt: skip
+        assert status(run["id"])["supervisor"] == "gone"  # not reaped, and still not alive
+        adopted = tg("adopt", "z")
+        assert adopted.returncode == 0, adopted.stderr
+        assert status(run["id"])["supervisor"] == "alive"
+    finally:
+        foreground.wait()
+
+
+def _running(name: str) -> dict | None:
+    listed = tg("status", name, "--json")
+    if listed.returncode != 0:
+        return None
+    import json
+
+    info = json.loads(listed.stdout)
+    return info if info["state"] == "running" and info["pid"] else None
+
+
+def test_stop_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path, home: Path, cleanup_pids) -> None:
+    """The job's pid is reused by an unrelated process after the job and its supervisor died: `stop`
+    must leave that process alone (a pid is an identity only with its start time)."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("choosing the next pid needs a writable /proc/sys/kernel/ns_last_pid (root)")
+    run_id = run_id_from(tg("run", "--name", "reuse", "--", "sleep", "300").stdout)
+    job = status(run_id)["pid"]
+    os.kill(supervisor_pid(run_id), signal.SIGKILL)
+    wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+    os.kill(job, signal.SIGKILL)
+    try:
+        wait_for(lambda: not Path(f"/proc/{job}").exists(), timeout=10, what="the job's pid to be free")
+    except AssertionError:
+        pytest.skip("nobody reaped the dead job: its pid is not free")
+    stranger = None
+    for _ in range(20):  # another process may take the pid first; try again
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(job - 1))
+        candidate = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        cleanup_pids.append(candidate.pid)
+        if candidate.pid == job:
+            stranger = candidate
+            break
+    if stranger is None:
+        pytest.skip("could not make a new process take the dead job's pid")
+    stopped = tg("stop", "reuse", "--grace", "1s")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stranger.poll() is None, "stop killed a process that only had the job's old pid"
+    assert status(run_id)["state"] == "stopped"
+
+
+def test_stop_without_a_supervisor_gives_the_grace_then_kills_and_says_so(tmp_path: Path, home: Path) -> None:
+    job = script(tmp_path, "stubborn.py", """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.1)
+    """)  # fmt: skip
+    run_id = run_id_from(tg("run", "--", sys.executable, job).stdout)
+    pid = status(run_id)["pid"]
+    os.kill(supervisor_pid(run_id), signal.SIGKILL)
+    wait_for(lambda: status(run_id)["supervisor"] == "gone", what="the supervisor to be gone")
+    started = time.monotonic()
+    stopped = tg("stop", run_id, "--grace", "2s")
+    took = time.monotonic() - started
+    assert stopped.returncode == 0, stopped.stderr
+    assert took >= 2.0, f"stopped in {took:.2f} s: the grace period was not given"
+    assert "did not end within the 2 s grace period and was killed" in stopped.stdout
+    assert not alive(pid)
+    assert status(run_id)["state"] == "stopped"
+
+
+def test_a_second_run_with_the_name_of_a_live_run_is_refused(home: Path) -> None:
+    run_id = run_id_from(tg("run", "--name", "vit", "--", "sleep", "300").stdout)
+    again = tg("run", "--name", "vit", "--", "sleep", "1")
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+    assert "already watched by supervisor" in again.stderr and run_id in again.stderr
+    assert len(json_ps()) == 1
+
+
+def json_ps() -> list[dict]:
+    import json
+
+    return json.loads(tg("ps", "--json").stdout)
