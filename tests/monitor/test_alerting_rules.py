@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import textwrap
 from collections import Counter
 from importlib.resources import files
 from pathlib import Path
@@ -108,3 +109,13 @@ def test_rules_and_dashboard_use_only_metrics_the_exporter_serves(tmp_path: Path
     used = {name for text in texts for name in re.findall(r"\btrainguard_[a-z_]+", text)}
     assert "trainguard_run_checkpoint_interval_seconds" in used and "trainguard_run_end_time_seconds" in used
     assert used <= served, used - served
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
+def test_the_readme_shows_the_example_node_list_and_every_rule(readme: str) -> None:
+    text = (EXAMPLE_CONFIG.parents[1] / readme).read_text()
+    shown = re.search(r"```yaml\n\s*# /etc/prometheus/trainguard-nodes.yml\n(.*?)```", text, re.S)
+    assert shown, "the README shows the node list"
+    example = yaml.safe_load((EXAMPLE_CONFIG.parent / "trainguard-nodes.yml").read_text())
+    assert yaml.safe_load(textwrap.dedent(shown.group(1))) == example
+    assert all(f"| {alert['alert']} | {alert['labels']['severity']} |" in text for alert in _alerts())
