@@ -39,7 +39,8 @@ HANGS_ONCE = """
     for step in range(start, 1_000_000):
         ckpt.maybe_save(step, {"step": step})
         print("step", step, flush=True)
-        if step == 12 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
+        # long enough for Prometheus to discover and scrape the run before it hangs
+        if step == 45 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
             time.sleep(3600)  # a collective that never completes
         time.sleep(0.2)
 """
@@ -209,8 +210,10 @@ def test_run_state_attempts_and_deaths_by_cause_as_prometheus_records_them(world
     assert not prom.query(f'trainguard_run_state_info{{job="trainguard-run", run!="{runs["hangs-once"]}"}}'), (
         "--metrics-port serves its own run only"
     )
-    # The hang was seen while it happened: the live run passed through "restarting" or was running throughout.
-    assert prom.query(f'max_over_time(trainguard_run_state_info{{run="{runs["hangs-once"]}", state="running"}}[5m])')
+    # Prometheus watched the hang happen: through the run's own port it saw attempt 1, then attempt 2.
+    seen = f'trainguard_run_attempts_total{{job="trainguard-run", run="{runs["hangs-once"]}"}}'
+    assert [r["value"] for r in prom.query(f"min_over_time({seen}[5m])")] == [1]
+    assert [r["value"] for r in prom.query(seen)] == [2]
 
     attempts = _by(prom.query('trainguard_run_attempts_total{job="trainguard"}'), "name")
     assert attempts == {"hangs-once": 2, "buggy": 1} | ({"ooms-once": 2} if "ooms-once" in runs else {})
