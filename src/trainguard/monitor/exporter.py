@@ -4,10 +4,10 @@ sticky gauge. Gauges come from a table, not one hand-written function each."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
+import itertools
 import socket
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -93,22 +93,44 @@ class TrainguardCollector(Collector):
         age = GaugeMetricFamily(
             "trainguard_run_last_checkpoint_age_seconds", "Seconds since the newest checkpoint", labels=labels
         )
-        from trainguard.supervisor.job import find_resume
-        from trainguard.supervisor.states import PUBLIC_STATE, RunState
+        interval = GaugeMetricFamily(
+            "trainguard_run_checkpoint_interval_seconds",
+            "Typical gap between the run's recent checkpoints (median), to judge the age against",
+            labels=labels,
+        )
+        ended = GaugeMetricFamily(
+            "trainguard_run_end_time_seconds",
+            "When a run that ended did so (Unix time of its last attempt's end)",
+            labels=labels,
+        )
+        from trainguard.supervisor.job import checkpoint_times
+        from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 
         runs = [r for r in self.registry.all() if self.run_id in (None, r.id)]
         for run in runs:
             key = [run.host, run.id, run.name or ""]
-            info.add_metric([*key, PUBLIC_STATE[RunState(run.state)]], 1.0)
+            state = RunState(run.state)
+            info.add_metric([*key, PUBLIC_STATE[state]], 1.0)
             attempts.add_metric(key, len(run.attempts))
             for cause, count in Counter(a.cause for a in run.attempts if a.cause).items():
                 deaths.add_metric([*key, cause], count)
+            if state in TERMINAL_STATES and run.attempts and run.attempts[-1].ended_at is not None:
+                ended.add_metric(key, run.attempts[-1].ended_at)
             folder = run.options.get("checkpoint_dir")
-            newest = find_resume(folder, run.options.get("checkpoint_glob"), settle_s=0) if folder else None
-            if newest:
-                with contextlib.suppress(OSError):
-                    age.add_metric(key, max(0.0, time.time() - os.path.getmtime(newest)))
-        yield from (info, attempts, deaths, age)
+            times = checkpoint_times(folder, run.options.get("checkpoint_glob")) if folder else []
+            if times:
+                age.add_metric(key, max(0.0, time.time() - times[0]))
+            if (gap := typical_gap(times)) is not None:
+                interval.add_metric(key, gap)
+        yield from (info, attempts, deaths, age, interval, ended)
+
+
+def typical_gap(times: list[float]) -> float | None:
+    """The median gap between consecutive checkpoint times (any order); None with fewer than two.
+    The median, so one long pause (a restart, a slow save) does not stretch the interval."""
+    ordered = sorted(times)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ordered)]
+    return statistics.median(gaps) if gaps else None
 
 
 def kernel_xid_counter() -> Callable[[], Counter]:

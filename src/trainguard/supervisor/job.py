@@ -1,5 +1,6 @@
 """What one attempt of a job is given: its command line, its environment, the checkpoint it resumes
-from. Pure functions of data, except ``find_resume`` which looks at the checkpoint folder."""
+from. Pure functions of data, except ``find_resume`` and ``checkpoint_times`` which look at the
+checkpoint folder."""
 
 from __future__ import annotations
 
@@ -87,3 +88,21 @@ def find_resume(checkpoint_dir: str, checkpoint_glob: str | None, *, settle_s: f
         except OSError:
             continue
     return None
+
+
+def checkpoint_times(checkpoint_dir: str, checkpoint_glob: str | None, *, limit: int = 6) -> list[float]:
+    """When the newest ``limit`` checkpoints were completed (their modification times), newest first:
+    Checkpointer folders with their manifest, or with ``--checkpoint-glob`` the matching non-empty files."""
+    if checkpoint_glob is None:
+        paths = [str(p) for p in complete_checkpoints(Path(checkpoint_dir))[:limit]]
+    else:
+        pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
+        paths = glob.glob(pattern)
+    times = []
+    for path in paths:
+        try:
+            if checkpoint_glob is None or (os.path.isfile(path) and os.path.getsize(path) > 0):
+                times.append(os.path.getmtime(path))
+        except OSError:  # removed by pruning meanwhile
+            continue
+    return sorted(times, reverse=True)[:limit]

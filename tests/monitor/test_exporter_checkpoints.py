@@ -1,0 +1,92 @@
+"""What the exporter says about a run's checkpoints and its end, read from real checkpoint folders
+(written by the Checkpointer, or files a framework saves) and a real registry: the age of the
+newest checkpoint, the typical gap between recent ones (what TrainguardCheckpointStale compares the
+age with), and when an ended run ended (what TrainguardRunFailed uses to stop paging)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainguard import Checkpointer
+from trainguard.monitor.exporter import TrainguardCollector, typical_gap
+from trainguard.store.registry import Attempt, Registry
+from trainguard.supervisor.job import checkpoint_times
+
+
+def test_the_typical_gap_is_the_median_so_one_pause_does_not_stretch_it() -> None:
+    assert typical_gap([]) is None and typical_gap([100.0]) is None
+    assert typical_gap([0.0, 600.0]) == 600.0
+    # saved every 10 minutes, with a 2-hour outage (a crash, a queue) in between, in any order
+    assert typical_gap([7200.0 + 1200, 0.0, 600.0, 1200.0, 7200.0 + 600, 7200.0]) == 600.0
+
+
+def _age(path: Path, seconds_ago: float) -> None:
+    when = time.time() - seconds_ago
+    os.utime(path, (when, when))
+
+
+def test_checkpoint_times_of_checkpointer_folders_newest_first(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, every=None, every_steps=1, keep=5, handle_signals=False)
+    for step in range(4):
+        ckpt.save({"step": step}, step)
+        ckpt.wait()
+    (folder / "step-000000000009").mkdir()  # renamed but its manifest never written: not complete
+    saved = sorted(p for p in folder.iterdir() if (p / "manifest.json").exists())
+    assert len(saved) == 4
+    for index, path in enumerate(saved):  # as if saved every 10 minutes, the newest 5 minutes ago
+        _age(path, 300 + 600 * (len(saved) - 1 - index))
+    times = checkpoint_times(str(folder), None)
+    assert len(times) == 4 and times == sorted(times, reverse=True)
+    assert time.time() - times[0] == pytest.approx(300, abs=5)
+    assert typical_gap(times) == pytest.approx(600)
+    assert checkpoint_times(str(tmp_path / "missing"), None) == []
+
+
+def test_checkpoint_times_of_files_a_framework_saves(tmp_path: Path) -> None:
+    for name, size, ago in [("epoch1.pt", 10, 3000), ("epoch2.pt", 10, 2000), ("epoch3.pt", 10, 1000),
+                            ("epoch4.pt", 0, 10), ("notes.txt", 10, 5)]:  # fmt: skip
+        path = tmp_path / name
+        path.write_bytes(b"x" * size)
+        _age(path, ago)
+    times = checkpoint_times(str(tmp_path), "*.pt")  # an empty file is a save still starting
+    assert [round(time.time() - t, -1) for t in times] == [1000, 2000, 3000]
+
+
+def test_the_exporter_serves_checkpoint_age_interval_and_the_end_of_an_ended_run(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "state")
+    live_dir, ended_dir = tmp_path / "live", tmp_path / "ended"
+    for folder in (live_dir, ended_dir):
+        folder.mkdir()
+        for ago in (2400, 1200, 0):
+            (folder / f"model-{ago}.pt").write_bytes(b"weights")
+            _age(folder / f"model-{ago}.pt", ago + 60)
+    live = registry.create_run(
+        ["train"], name="live", cwd="/", options={"checkpoint_dir": str(live_dir), "checkpoint_glob": "*.pt"}
+    )
+    registry.set_state(live.id, "running")
+    registry.start_attempt(live.id, Attempt(n=1, started_at=time.time() - 3000, pid=1))
+    ended = registry.create_run(
+        ["train"], name="ended", cwd="/", options={"checkpoint_dir": str(ended_dir), "checkpoint_glob": "*.pt"}
+    )
+    registry.start_attempt(ended.id, Attempt(n=1, started_at=time.time() - 3000, pid=2))
+    registry.end_attempt(
+        ended.id,
+        Attempt(n=1, started_at=time.time() - 3000, ended_at=1_700_000_000.5, exit_code=1, cause="python_error"),
+    )
+    registry.set_state(ended.id, "failed")
+
+    served = CollectorRegistry(auto_describe=False)
+    served.register(TrainguardCollector(registry, xid_counts=None))
+    samples = {(s.name, s.labels.get("name")): s.value
+               for family in text_string_to_metric_families(generate_latest(served).decode()) for s in family.samples}  # fmt: skip
+    assert samples[("trainguard_run_last_checkpoint_age_seconds", "live")] == pytest.approx(60, abs=5)
+    assert samples[("trainguard_run_checkpoint_interval_seconds", "live")] == pytest.approx(1200, abs=1)
+    assert samples[("trainguard_run_end_time_seconds", "ended")] == 1_700_000_000.5
+    assert ("trainguard_run_end_time_seconds", "live") not in samples
