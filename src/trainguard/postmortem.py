@@ -4,11 +4,12 @@ and asks the pure classifier. The supervisor and ``trainguard diagnose`` both ca
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from trainguard import causes
+from trainguard.diagnosis import ranks
 from trainguard.diagnosis.classify import Diagnosis, classify
 from trainguard.diagnosis.evidence import (
     ExitStatus,
@@ -20,7 +21,7 @@ from trainguard.diagnosis.evidence import (
     pids_in,
 )
 from trainguard.diagnosis.scan import Scanner
-from trainguard.diagnosis.signatures import SignatureTable, default_table
+from trainguard.diagnosis.signatures import Role, SignatureTable, default_table
 from trainguard.paths import cache_dir
 
 
@@ -36,6 +37,7 @@ class Report:
     lines_scanned: int
     bytes_scanned: int
     engine: str
+    first_failure: dict[str, Any] | None = None  # {"rank", "host", "time", "file"} where the logs say
 
 
 @cache
@@ -52,7 +54,11 @@ def investigate(
     extra: Sequence[Observation] = (),
     scanner: Scanner | None = None,
     table: SignatureTable | None = None,
+    kernel_readable: bool = False,
 ) -> Report:
+    """``kernel_readable``: the kernel log of the time of death was read (it is in
+    ``kernel_lines``, whatever it holds). A SIGKILL with no OOM kill of the job in a readable kernel
+    log was sent by someone: ``killed``, not ``host_oom``."""
     scanner = scanner or default_scanner()
     table = table or default_table()
     observations: list[Observation] = list(extra)
@@ -71,7 +77,50 @@ def investigate(
         job_pids=set(job_pids) if job_pids is not None else None,
         mentioned_pids=mentioned,
     )
-    return Report(classify(observations), lines, size, scanner.engine)
+    if kernel_readable:
+        observations = sigkill_without_oom_is_killed(observations)
+    diagnosis = classify(observations)
+    names = [log.name for log in logs]
+    return Report(diagnosis, lines, size, scanner.engine, first_failure(diagnosis.cause, observations, names))
+
+
+def sigkill_without_oom_is_killed(observations: list[Observation]) -> list[Observation]:
+    """Read every SIGKILL as ``killed`` when the kernel (or the job's cgroup) recorded no OOM kill
+    that could be the job's: the OOM killer always leaves a record, so someone else sent it."""
+    oom_recorded = any(
+        o.cause == "host_oom" and o.source in ("kernel", "telemetry") and o.weight > 0 and o.role is not Role.SUPPORT
+        for o in observations
+    )
+    if oom_recorded:
+        return observations
+    note = "a readable kernel log holds no OOM kill of the job: the SIGKILL came from outside"
+    return [replace(o, cause="killed", note=o.note or note) if o.sigkill else o for o in observations]
+
+
+def first_failure(cause: str, observations: Sequence[Observation], names: Sequence[str | None]) -> dict[str, Any] | None:
+    """Where the diagnosed cause struck first: the rank (and host) whose line of that cause carries the
+    earliest timestamp, across every rank's log (or the ranks' prefixes inside one log)."""
+    candidates = []
+    for obs in observations:
+        if obs.cause != cause or obs.source != "log" or obs.line is None or obs.role is Role.WRAPPER:
+            continue
+        file_index = obs.order[0]
+        name = names[file_index] if 0 <= file_index < len(names) else None
+        rank = ranks.line_rank(obs.text)
+        if rank is None:
+            rank = ranks.name_rank(name)
+        stamp = ranks.line_time(obs.text)
+        candidates.append((stamp.key if stamp else float("inf"), obs.order, obs, rank, stamp, name))
+    if not candidates:
+        return None
+    _key, _order, obs, rank, stamp, name = min(candidates, key=lambda c: (c[0], c[1]))
+    host = ranks.line_host(obs.text)
+    if rank is None and host is None and (stamp is None or len(names) < 2):
+        return None  # one log and nothing to tell ranks apart: there is no "first" to name
+    found: dict[str, Any] = {"rank": rank, "host": host, "time": stamp.text if stamp else None}
+    if name:
+        found["file"] = name
+    return found
 
 
 def _evidence_json(obs: Observation) -> dict[str, Any]:
@@ -83,9 +132,9 @@ def _evidence_json(obs: Observation) -> dict[str, Any]:
     return item
 
 
-def diagnosis_dict(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
+def diagnosis_dict(diagnosis: Diagnosis, lang: str, first: dict[str, Any] | None = None) -> dict[str, Any]:
     cause = causes.get(diagnosis.cause)
-    return {
+    found = {
         "cause": diagnosis.cause,
         "confidence": diagnosis.confidence,
         "title": cause.title_in(lang),
@@ -93,3 +142,6 @@ def diagnosis_dict(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
         "fixes": list(cause.fixes_in(lang)),
         "alternatives": [{"cause": c, "confidence": conf} for c, conf in diagnosis.alternatives],
     }
+    if first is not None:
+        found["first_failure"] = first
+    return found

@@ -52,11 +52,10 @@ def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observati
             readings = [r for r in readings if r.role is Role.ROOT]
         if readings:
             heaviest = max(readings, key=lambda r: r.weight)
-            if heaviest.note is None:
-                # Keep what another reading of the same line knows (an Xid code's meaning).
-                note = next((r.note for r in readings if r.note), None)
-                heaviest = replace(heaviest, note=note)
-            kept.append(heaviest)
+            note = heaviest.note or next((r.note for r in readings if r.note), None)
+            # The heaviest row reads the line; an ambiguous row reads it several ways at once, and
+            # each of its readings stands (what another reading of the line knows stays as a note).
+            kept += [replace(r, note=r.note or note) for r in readings if r.rule == heaviest.rule]
     return kept
 
 

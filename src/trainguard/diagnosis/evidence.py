@@ -26,6 +26,7 @@ class Observation:
     file: str | None = None
     note: str | None = None  # what the line means, when the line alone does not say (Xid codes)
     order: tuple[int, int] = (0, 0)  # (file index, line): earlier is closer to the root cause
+    sigkill: bool = False  # says that a process died of SIGKILL (whoever sent it)
 
 
 # ----------------------------------------------------------------------------- exit status
@@ -85,6 +86,7 @@ def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule])
                     rule=f"exit:{rule.signal or rule.code}",
                     text=status.describe(),
                     order=(1 << 30, 0),
+                    sigkill=rule.sigkill,
                 )
             )
     return found
@@ -104,24 +106,42 @@ def _cause_and_weight(signature: Signature, groups: dict[str, str]) -> tuple[str
 def observations_from_log(
     matches: Iterable[LineMatch], *, file: str | None = None, file_index: int = 0
 ) -> list[Observation]:
+    matches = list(matches)
+    contexts = [m for m in matches if m.signature.rereads]
     found = []
     for match in matches:
-        cause, weight, note = _cause_and_weight(match.signature, match.groups)
-        found.append(
-            Observation(
-                source="log",
-                cause=cause,
-                weight=weight,
-                role=match.signature.role,
-                rule=match.signature.id,
-                text=match.text,
-                line=match.line,
-                file=file,
-                note=note,
-                order=(file_index, match.line),
+        signature = match.signature
+        if signature.rereads:
+            continue  # a context row names nothing by itself
+        cause, weight, note = _cause_and_weight(signature, match.groups)
+        context = _context_for(match, contexts)
+        if context is not None:
+            cause = context.signature.cause
+            note = f"read as {cause}: line {context.line} shows where it happened ({context.text[:120]})"
+        readings = [(cause, weight), *([] if context else signature.also)]
+        for reading_cause, reading_weight in readings:
+            found.append(
+                Observation(
+                    source="log",
+                    cause=reading_cause,
+                    weight=reading_weight,
+                    role=signature.role,
+                    rule=signature.id,
+                    text=match.text,
+                    line=match.line,
+                    file=file,
+                    note=note,
+                    order=(file_index, match.line),
+                    sigkill=signature.sigkill,
+                )
             )
-        )
     return found
+
+
+def _context_for(match: LineMatch, contexts: Sequence[LineMatch]) -> LineMatch | None:
+    """The nearest context line that re-reads this match (ENOSPC under SemLock is /dev/shm)."""
+    near = [c for c in contexts if match.signature.id in c.signature.rereads and abs(match.line - c.line) <= c.signature.window]
+    return min(near, key=lambda c: abs(match.line - c.line), default=None)
 
 
 def pids_in(matches: Iterable[LineMatch]) -> set[int]:
@@ -139,6 +159,10 @@ class KernelLine:
 # A kernel record names a process: certain when that process is the job's, nothing when it is another.
 LINKED_WEIGHT = 0.99
 UNLINKED_FACTOR = 0.9  # the job's pids are not known (a saved log with no run record)
+# Records that cannot be tied to the job (a saved log with no run record, a machine with other
+# users) are one witness together, never more than this, and echoes beside a clear root in the
+# job's own log: an OOM kill of someone else's process must not outweigh the job's CUDA OOM.
+UNLINKED_CAP = 0.5
 # A record about another process says nothing about the job: several of them (one OOM kill prints
 # three lines) must not add up to a cause.
 OTHER_PROCESS_FACTOR = 0.0
@@ -166,19 +190,20 @@ def observations_from_kernel(
             groups = {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items() if v is not None}
             cause, weight, note = _cause_and_weight(signature, groups)
             pid = groups.get("pid")
-            if pid is None and cause == "host_oom":
-                # An OOM line that names no process (a cgroup summary, "invoked oom-killer") cannot
-                # say whose death it was; the record that does name the victim speaks for it.
-                weight *= OTHER_PROCESS_FACTOR if job_pids else UNLINKED_FACTOR
-            elif pid is not None:
-                if int(pid) in linked:
-                    weight = max(weight, LINKED_WEIGHT)
-                    note = f"names the job's process {pid}"
-                elif job_pids:
-                    weight *= OTHER_PROCESS_FACTOR
-                    note = f"process {pid} is not one of the job's"
-                else:
-                    weight *= UNLINKED_FACTOR
+            role, rule = signature.role, signature.id
+            linked_to_job = pid is not None and int(pid) in linked
+            if linked_to_job:
+                weight = max(weight, LINKED_WEIGHT)
+                note = f"names the job's process {pid}"
+            elif job_pids and (pid is not None or cause == "host_oom"):
+                # About another process, or an OOM line that names no process (a cgroup summary,
+                # "invoked oom-killer"): the record that names the job's process would speak for it.
+                weight *= OTHER_PROCESS_FACTOR
+                note = f"process {pid} is not one of the job's" if pid else note
+            elif pid is not None or cause == "host_oom":
+                weight = min(weight * UNLINKED_FACTOR, UNLINKED_CAP)
+                role, rule = Role.CASCADE, f"kernel:unlinked:{cause}"
+                note = note or "the kernel log does not say that this process was the job's"
             if weight <= 0:
                 continue
             found.append(
@@ -186,8 +211,8 @@ def observations_from_kernel(
                     source="kernel",
                     cause=cause,
                     weight=round(weight, 3),
-                    role=signature.role,
-                    rule=signature.id,
+                    role=role,
+                    rule=rule,
                     text=clean_text(raw),
                     line=number,
                     note=note,

@@ -34,6 +34,15 @@ class Signature:
     icase: bool = False
     kernel: bool = False
     examples: tuple[str, ...] = ()
+    # A line that can mean several things (CUDNN_STATUS_EXECUTION_FAILED): every reading counts,
+    # each at its own weight, and the other readings stand as alternatives.
+    also: tuple[tuple[str, float], ...] = ()
+    # A context row: it names no cause by itself; within ``window`` lines after it, an observation of
+    # one of the ``rereads`` rules is read as this row's cause (errno 28 under multiprocessing's
+    # SemLock is /dev/shm, not the disk).
+    rereads: tuple[str, ...] = ()
+    window: int = 0
+    sigkill: bool = False  # the line says a process was SIGKILLed: the OOM killer, or someone else
     regex: re.Pattern[bytes] = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
 
 
@@ -45,6 +54,7 @@ class ExitRule:
     source: str
     signal: str | None = None
     code: int | None = None
+    sigkill: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,13 @@ def parse_table(raw: dict) -> SignatureTable:
         regex = _compile(sig_id, pattern, bool(row.get("icase", False)))
         if cause == XID_CAUSE and "xid" not in regex.groupindex:
             raise DataError(f"signature {sig_id!r}: an xid row needs a (?P<xid>...) group")
+        also = tuple((str(c), float(w)) for c, w in row.get("also", ()))
+        for other, other_weight in also:
+            if other not in CAUSE_IDS or not 0.0 <= other_weight <= 1.0:
+                raise DataError(f"signature {sig_id!r}: bad alternative reading {other!r} {other_weight}")
+        rereads = tuple(row.get("rereads", ()))
+        if bool(rereads) != bool(row.get("window")):
+            raise DataError(f"signature {sig_id!r}: a context row needs both rereads and window")
         signatures.append(
             Signature(
                 id=sig_id,
@@ -124,9 +141,17 @@ def parse_table(raw: dict) -> SignatureTable:
                 icase=bool(row.get("icase", False)),
                 kernel=bool(row.get("kernel", False)),
                 examples=tuple(row.get("examples", ())),
+                also=also,
+                rereads=rereads,
+                window=int(row.get("window", 0)),
+                sigkill=bool(row.get("sigkill", False)),
                 regex=regex,
             )
         )
+    known = {sig.id for sig in signatures}
+    for sig in signatures:
+        if unknown := set(sig.rereads) - known:
+            raise DataError(f"signature {sig.id!r}: rereads unknown rows {sorted(unknown)}")
     exit_rules = []
     for row in raw.get("exit", []):
         if ("signal" in row) == ("code" in row):
@@ -141,6 +166,7 @@ def parse_table(raw: dict) -> SignatureTable:
                 source=row["source"],
                 signal=row.get("signal"),
                 code=row.get("code"),
+                sigkill=bool(row.get("sigkill", False)),
             )
         )
     return SignatureTable(tuple(signatures), tuple(exit_rules))
