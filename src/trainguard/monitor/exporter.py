@@ -104,7 +104,12 @@ class TrainguardCollector(Collector):
             for cause, count in Counter(a.cause for a in run.attempts if a.cause).items():
                 deaths.add_metric([*key, cause], count)
             folder = run.options.get("checkpoint_dir")
-            newest = find_resume(folder, run.options.get("checkpoint_glob"), settle_s=0) if folder else None
+            newest = (
+                find_resume(folder, run.options.get("checkpoint_glob"),
+                            layout=run.options.get("checkpoint_layout", "auto"), settle_s=0)
+                if folder
+                else None
+            )  # fmt: skip
             if newest:
                 with contextlib.suppress(OSError):
                     age.add_metric(key, max(0.0, time.time() - os.path.getmtime(newest)))

@@ -33,7 +33,7 @@ from trainguard.postmortem import default_scanner, diagnosis_dict
 from trainguard.probes import cgroups, kernel_log
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor.autopsy import attempt_report
-from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
+from trainguard.supervisor.job import JobOptions, choose_resume, find_resume, job_argv, job_environment
 from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
 from trainguard.supervisor.states import RunState, check_transition
 
@@ -197,7 +197,8 @@ class Supervisor:
 
     def _run_attempt(self, n: int, restart_cause: str | None) -> tuple[Outcome, Attempt]:
         opts = self.options
-        resume_from = find_resume(opts.checkpoint_dir, opts.checkpoint_glob)
+        choice = choose_resume(opts.checkpoint_dir, opts.checkpoint_glob, opts.checkpoint_layout)
+        resume_from = choice.path
         error_file = os.path.join(self.run.run_dir, f"attempt-{n}.error.json")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(error_file)
@@ -216,6 +217,9 @@ class Supervisor:
         if restart_cause:
             marker += f" · previous attempt died: {restart_cause}"
         marker += f" · resuming from {resume_from}" if resume_from else " · starting fresh"
+        if choice.skipped:  # incomplete ones are reported, never chosen, never deleted
+            marker += " · skipped incomplete " + " | ".join(choice.skipped)
+            self.registry.event(self.run.id, "checkpoints_skipped", {"attempt": n, "skipped": list(choice.skipped)})
         self._log_marker(marker)
         log_fd = os.open(self.run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         log_offset = os.fstat(log_fd).st_size
@@ -283,7 +287,8 @@ class Supervisor:
         attempt.ended_at = time.time()
         attempt.exit_code = status.code if status else None
         attempt.signal = status.signal if status else None
-        new_checkpoint = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0) not in (None, resume_from)
+        new_checkpoint = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, layout=opts.checkpoint_layout,
+                                     settle_s=0) not in (None, resume_from)  # fmt: skip
         new_lines = self._count_lines(log_offset)
         oom_kills = memory.oom_kills() if memory else 0
         if memory:
@@ -366,8 +371,12 @@ class Supervisor:
                     return self._stop_group(watch)
             self._wait_for_exit(watch, max(0.0, next_tree_sample - self.clock()))
 
+    def _newest_checkpoint(self) -> str | None:
+        opts = self.options
+        return find_resume(opts.checkpoint_dir, opts.checkpoint_glob, layout=opts.checkpoint_layout, settle_s=0)
+
     def _checkpoint_bytes(self) -> int | None:
-        newest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        newest = self._newest_checkpoint()
         if newest is None:
             return None
         path = Path(newest)
@@ -381,7 +390,7 @@ class Supervisor:
             size = os.path.getsize(self.run.log_path)
         except OSError:
             size = watch.last_log_size
-        latest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        latest = self._newest_checkpoint()
         if size != watch.last_log_size or latest != watch.last_checkpoint:
             watch.last_log_size = size
             watch.last_checkpoint = latest
