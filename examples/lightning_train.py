@@ -44,7 +44,7 @@ class ResumableBatches:
         return self.batches
 
     def __iter__(self):
-        start, self.position = self.position, 0
+        start = self.position if self.position < self.batches else 0  # a finished epoch starts over
         for index in range(start, self.batches):
             generator = torch.Generator().manual_seed(index)
             x = torch.randn(self.batch_size, 16, generator=generator)
@@ -61,8 +61,8 @@ class ResumableBatches:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default=os.environ.get("TRAINGUARD_CHECKPOINT_DIR", "ckpt"))
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--every", type=int, default=100)
     args = parser.parse_args()
 
     L.seed_everything(0, verbose=False)
