@@ -1,7 +1,6 @@
 """An Accelerate training loop that saves on SIGTERM/SIGUSR1 and resumes from its newest complete state.
 
     trainguard run --checkpoint-dir out -- python examples/accelerate_loop.py --project-dir out
-    trainguard run --checkpoint-dir out -- accelerate launch examples/accelerate_loop.py --project-dir out
 
 A tiny model on CPU with fixed seeds; the step counter is saved with the state
 (``register_for_checkpointing``), and batch i is a function of i, so a resumed run sees the same data.

@@ -1,7 +1,6 @@
 """A DeepSpeed training loop that saves on SIGTERM/SIGUSR1 and resumes from its newest complete tag.
 
     trainguard run --checkpoint-dir ckpt -- python examples/deepspeed_loop.py --dir ckpt
-    trainguard run --checkpoint-dir ckpt -- deepspeed examples/deepspeed_loop.py --dir ckpt
 
 A tiny model with ZeRO stage 1, fixed seeds; it runs on CPU (DeepSpeed's CPU accelerator) as one
 process when no launcher set the distributed environment. Batch i is a function of i, and the step

@@ -95,3 +95,14 @@ def test_preemption_guard_saves_once_on_a_stop_signal_and_tells_the_supervisor(t
 
     reported = progress.read(str(record))
     assert reported["stop_signal"] == signum and reported["step"] == left_at
+
+
+def test_trainguard_and_its_loop_helpers_import_no_framework() -> None:
+    code = (
+        "import sys, trainguard, trainguard.checkpoint.layouts, trainguard.integrations.loop, "
+        "trainguard.integrations.accelerate, trainguard.integrations.deepspeed, trainguard.supervisor.job; "
+        "print(sorted(m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning', 'accelerate', "
+        "'deepspeed') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
