@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.real]
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_SAVE = Path(__file__).with_name("slow_save.py")
 FINISHED = re.compile(r"^finished at step (\d+) weights ([0-9a-f]{64})$", re.M)
-STOPPED = re.compile(r"trainguard: signal 15: saved (?:at step |checkpoint-)?(\S+?)(?:\.ckpt)?, stopping")
+STOPPED = re.compile(r"trainguard: signal (\d+): saved (?:at step |checkpoint-)?(\S+?)(?:\.ckpt)?, stopping")
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,13 @@ def _kill_group(pid: int | None) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS, ids=lambda f: f.name)
+# SIGUSR1 too for Lightning: on its own, Lightning saves on it only in its Slurm mode.
+SIGNALS = [(f, signal.SIGTERM) for f in FRAMEWORKS] + [(FRAMEWORKS[1], signal.SIGUSR1)]
+
+
+@pytest.mark.parametrize(("framework", "signum"), SIGNALS, ids=lambda v: getattr(v, "name", None) or str(v))
 def test_sigterm_mid_training_saves_restarts_as_preempted_and_resumes_at_the_saved_step(
-    framework: Framework, tmp_path: Path, home: Path
+    framework: Framework, signum: signal.Signals, tmp_path: Path, home: Path
 ) -> None:
     needs(framework)
     expected = baseline(framework, tmp_path)
@@ -141,7 +145,7 @@ def test_sigterm_mid_training_saves_restarts_as_preempted_and_resumes_at_the_sav
     try:
         wait_for(lambda: layouts.newest_complete(folder, framework.layout), 300, "the first periodic checkpoint")
         job_pid = status(run_id)["pid"]
-        os.kill(job_pid, signal.SIGTERM)  # a scheduler's SIGTERM, not trainguard's own stop
+        os.kill(job_pid, signum)  # a scheduler's SIGTERM (or pre-timeout SIGUSR1), not trainguard's own stop
         sent = time.monotonic()
         first = wait_for(lambda: (a := status(run_id)["attempts"][0])["ended_at"] and a, 60, "the job to save and exit")
         took = time.monotonic() - sent
@@ -149,21 +153,21 @@ def test_sigterm_mid_training_saves_restarts_as_preempted_and_resumes_at_the_sav
         assert first["exit_code"] == 0 and first["cause"] == "preempted", log[-3000:]
         assert took < 60, f"saving on SIGTERM took {took:.1f} s, longer than the grace"
         stopped = STOPPED.search(log)
-        assert stopped, log[-3000:]
+        assert stopped and int(stopped.group(1)) == signum, log[-3000:]
         info = finish(run_id, expected)
     finally:
         _kill_group(job_pid if status(run_id)["state"] not in ("succeeded", "failed") else None)
     second = info["attempts"][1]
     saved = layouts.scan(folder, framework.layout)
     resumed = next(c for c in saved if c.path == second["resumed_from"])
-    step = int(re.search(r"(\d+)$", stopped.group(1)).group(1))
+    step = int(re.search(r"(\d+)$", stopped.group(2)).group(1))
     if framework.name == "accelerate":  # checkpoint_N counts saves; the step is in the log lines
         assert resumed.complete
     else:
         assert resumed.step == step + (1 if framework.name == "deepspeed" else 0), (resumed, step)
     resumed_line = re.search(r"trainguard: resumed at step (\d+)", attempt_log(run_id, 2))
     assert resumed_line and int(resumed_line.group(1)) == step
-    print(f"{framework.name}: SIGTERM -> saved step {step} in {took:.1f} s -> preempted -> resumed at {step}")
+    print(f"{framework.name}: {signum.name} -> saved step {step} in {took:.1f} s -> preempted -> resumed at {step}")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS, ids=lambda f: f.name)
