@@ -97,7 +97,9 @@ def sigkill_without_oom_is_killed(observations: list[Observation]) -> list[Obser
     return [replace(o, cause="killed", note=o.note or note) if o.sigkill else o for o in observations]
 
 
-def first_failure(cause: str, observations: Sequence[Observation], names: Sequence[str | None]) -> dict[str, Any] | None:
+def first_failure(
+    cause: str, observations: Sequence[Observation], names: Sequence[str | None]
+) -> dict[str, Any] | None:
     """Where the diagnosed cause struck first: the rank (and host) whose line of that cause carries the
     earliest timestamp, across every rank's log (or the ranks' prefixes inside one log)."""
     candidates = []

@@ -11,11 +11,9 @@ import mmap
 import os
 import pickle
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -41,12 +39,12 @@ from trainguard.checkpoint._format import (
     write_checkpoint,
     writing_lock,
 )
+from trainguard.checkpoint.stopsignal import StopSignal
 from trainguard.probes.memory import available_bytes
 from trainguard.units import parse_duration
 
 log = logging.getLogger("trainguard.checkpoint")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # Leave this much memory free after staging: the copy must never be what wakes the OOM killer.
 MEMORY_MARGIN = 512 * 1024 * 1024
 # A save needs the room of the last one, plus this: the disk must never be what the save fills.
@@ -272,12 +270,11 @@ class Checkpointer:
         self._last_save_time = clock()
         self._last_saved_step: int | None = None
         self._last_size = 0
-        self._signal: int | None = None
+        self._stop = StopSignal(install=False)
         self._stop_requested = False
         self._staging: _Staging | None = None
         self._writer: _Writer | None = None
         self._expected_save_s = 0.0  # how long the last asynchronous save took
-        self._previous_handlers: dict[int, Any] = {}
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -289,27 +286,11 @@ class Checkpointer:
         if newest:
             self._last_size = sum(p.stat().st_size for p in newest[0].iterdir())
         if handle_signals:
-            self._install_signal_handlers()
+            self._stop.install()
         self_ref = weakref.ref(self)
         atexit.register(lambda: (obj := self_ref()) is not None and obj.close())
 
     # ------------------------------------------------------------------ signals
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("Checkpointer created outside the main thread: SIGTERM/SIGUSR1 will not trigger a save")
-            return
-        for signum in STOP_SIGNALS:
-            previous = signal.getsignal(signum)
-            self._previous_handlers[signum] = previous
-            signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        # Only record: the save happens at the next maybe_save, in the training loop's own time.
-        self._signal = signum
-        previous = self._previous_handlers.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-
     @property
     def stop_requested(self) -> bool:
         """True once SIGTERM or SIGUSR1 arrived and the state was saved: leave the training loop."""
@@ -323,12 +304,13 @@ class Checkpointer:
         A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
         training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
         progress.report_step(step)
-        if self._signal is not None and not self._stop_requested:
+        signum = self._stop.received
+        if signum is not None and not self._stop_requested:
             self._stop_requested = True
             saved = self._save_logged(state, step, blocking=True)
             log.warning("signal %s received: %s step %d; stop the training loop",
-                        self._signal, "saved" if saved else "could not save", step)  # fmt: skip
-            progress.report_stop(self._signal, step)
+                        signum, "saved" if saved else "could not save", step)  # fmt: skip
+            progress.report_stop(signum, step)
             return saved
         if not self._due(step):
             return False
@@ -528,13 +510,7 @@ class Checkpointer:
             if self._staging is not None:
                 self._staging.close()
                 self._staging = None
-            for signum, previous in self._previous_handlers.items():
-                if (
-                    signal.getsignal(signum) == self._on_signal
-                    and threading.current_thread() is threading.main_thread()
-                ):
-                    signal.signal(signum, previous)
-            self._previous_handlers.clear()
+            self._stop.close()
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from trainguard._i18n import choose_language
+from trainguard.checkpoint.layouts import LAYOUTS
 from trainguard.errors import UsageError
 from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import open_private, state_dir
@@ -174,6 +175,14 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
     "matching file (relative to --checkpoint-dir) is the checkpoint to resume from.",
 )
 @click.option(
+    "--checkpoint-layout",
+    type=click.Choice(LAYOUTS),
+    default="auto",
+    show_default=True,
+    help="Whose checkpoints --checkpoint-dir holds (hf: Trainer's checkpoint-N, lightning: *.ckpt, deepspeed: "
+    "tag folders, accelerate: checkpoints/checkpoint_N); the newest COMPLETE one is resumed from.",
+)
+@click.option(
     "--resume-arg",
     metavar="TEMPLATE",
     help='Appended when resuming; {checkpoint} is replaced by its path, e.g. "--resume {checkpoint}".',
@@ -224,9 +233,9 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.option("--foreground", is_flag=True, help="Supervise here (containers, Slurm, systemd) instead of detaching.")
 @click.option("--follow", is_flag=True, help="Detach, then follow the log (Ctrl+C stops following, not the job).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, resume_arg, hang_timeout, memory_limit,
-        grace, stop_signal, sample_interval, notify, config_file, metrics_port, metrics_bind, foreground, follow,
-        command) -> int:  # fmt: skip
+def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, checkpoint_layout, resume_arg,
+        hang_timeout, memory_limit, grace, stop_signal, sample_interval, notify, config_file, metrics_port,
+        metrics_bind, foreground, follow, command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
     \b
@@ -259,6 +268,11 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         return 0
     service.check_cwd(cwd)
     service.check_command(list(command), cwd)
+    if checkpoint_glob and checkpoint_layout != "auto":
+        raise UsageError(
+            "--checkpoint-glob and --checkpoint-layout both say which checkpoint to resume from: give one",
+            "--checkpoint-glob 与 --checkpoint-layout 都指定从哪个检查点恢复：只能给一个",
+        )
     if checkpoint_dir:
         service.check_checkpoint_dir(os.path.abspath(checkpoint_dir))
     if memory_limit is not None:
@@ -272,6 +286,7 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, res
         retry=service.parse_retry_overrides(retry) or None,
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_glob=checkpoint_glob,
+        checkpoint_layout=checkpoint_layout,
         resume_arg=resume_arg,
         hang_timeout_s=hang_timeout,
         grace_s=grace,
@@ -458,7 +473,7 @@ def status(ref: str, as_json: bool) -> int:
 )
 def report(ref: str, output: str | None) -> int:
     """Write one self-contained HTML page of a run: its timeline, attempts, deaths and alerts."""
-    from trainguard.checkpoint._format import complete_checkpoints, read_manifest
+    from trainguard.checkpoint import layouts
     from trainguard.report.html import Marker, render
 
     registry = _registry()
@@ -466,12 +481,10 @@ def report(ref: str, output: str | None) -> int:
     markers = [Marker(e["time"], e.get("message", e.get("rule", "alert")), "alert")
                for e in registry.events(record.id) if e["kind"] == "alert"]  # fmt: skip
     folder = record.options.get("checkpoint_dir")
-    for path in complete_checkpoints(Path(folder)) if folder else []:
-        try:
-            manifest = read_manifest(path)
-        except Exception:
-            continue
-        markers.append(Marker(manifest.time, f"checkpoint step {manifest.step}", "checkpoint"))
+    layout = record.options.get("checkpoint_layout", "auto")
+    for found in layouts.scan(folder, layout) if folder and not record.options.get("checkpoint_glob") else []:
+        if found.complete:
+            markers.append(Marker(found.time, f"checkpoint step {found.step}", "checkpoint"))
     page = render(record, registry.samples(record.id), sorted(markers, key=lambda m: m.time),
                   lang=choose_language(None, os.environ))  # fmt: skip
     target = Path(output) if output else Path(record.run_dir) / "report.html"

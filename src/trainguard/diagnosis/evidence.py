@@ -138,9 +138,13 @@ def observations_from_log(
     return found
 
 
+def _within(match: LineMatch, context: LineMatch) -> bool:
+    return abs(match.line - context.line) <= context.signature.window
+
+
 def _context_for(match: LineMatch, contexts: Sequence[LineMatch]) -> LineMatch | None:
     """The nearest context line that re-reads this match (ENOSPC under SemLock is /dev/shm)."""
-    near = [c for c in contexts if match.signature.id in c.signature.rereads and abs(match.line - c.line) <= c.signature.window]
+    near = [c for c in contexts if match.signature.id in c.signature.rereads and _within(match, c)]
     return min(near, key=lambda c: abs(match.line - c.line), default=None)
 
 

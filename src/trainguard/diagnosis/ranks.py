@@ -56,12 +56,11 @@ def line_rank(line: str) -> int | None:
 def name_rank(name: str | None) -> int | None:
     if not name:
         return None
-    found = None
-    for found in _RANK_IN_NAME.finditer(name):
-        pass  # the last one: a rank folder inside an attempt folder
-    if found is None:
+    matches = list(_RANK_IN_NAME.finditer(name))
+    if not matches:
         return None
-    return int(found.group("rank") or found.group("local"))
+    last = matches[-1]  # the innermost: a rank folder inside an attempt folder
+    return int(last.group("rank") or last.group("local"))
 
 
 def line_host(line: str) -> str | None:

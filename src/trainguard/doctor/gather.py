@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint._format import complete_checkpoints, read_manifest
+from trainguard.checkpoint.layouts import newest_complete
 from trainguard.diagnosis.evidence import xid_lines
 from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, XidEvent
 from trainguard.probes import kernel_log
@@ -235,9 +235,9 @@ def gather(
             disks.append(Disk(str(path), usage.free, usage.total))
     facts["disks"] = tuple(disks)
     with contextlib.suppress(Exception):
-        newest = complete_checkpoints(folder)
+        newest = newest_complete(folder)
         if newest:
-            facts["last_checkpoint_bytes"] = read_manifest(newest[0]).total_bytes
+            facts["last_checkpoint_bytes"] = newest.size_bytes
 
     facts["ssh"] = bool(os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_TTY"))
     facts["multiplexer"] = "tmux" if os.environ.get("TMUX") else ("screen" if os.environ.get("STY") else None)

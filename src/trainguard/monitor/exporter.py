@@ -117,7 +117,12 @@ class TrainguardCollector(Collector):
             if state in TERMINAL_STATES and run.attempts and run.attempts[-1].ended_at is not None:
                 ended.add_metric(key, run.attempts[-1].ended_at)
             folder = run.options.get("checkpoint_dir")
-            times = checkpoint_times(folder, run.options.get("checkpoint_glob")) if folder else []
+            times = (
+                checkpoint_times(folder, run.options.get("checkpoint_glob"),
+                                 layout=run.options.get("checkpoint_layout", "auto"))
+                if folder
+                else []
+            )  # fmt: skip
             if times:
                 age.add_metric(key, max(0.0, time.time() - times[0]))
             if (gap := typical_gap(times)) is not None:

@@ -1,6 +1,6 @@
 """What one attempt of a job is given: its command line, its environment, the checkpoint it resumes
-from. Pure functions of data, except ``find_resume`` and ``checkpoint_times`` which look at the
-checkpoint folder."""
+from. Pure functions of data, except ``choose_resume``, ``find_resume`` and ``checkpoint_times`` which
+look at the checkpoint folder (through ``trainguard.checkpoint.layouts``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainguard.checkpoint._format import complete_checkpoints
+from trainguard.checkpoint import layouts
 
 
 @dataclass(frozen=True)
@@ -21,6 +20,7 @@ class JobOptions:
     cwd: str
     checkpoint_dir: str
     checkpoint_glob: str | None = None
+    checkpoint_layout: str = "auto"
     resume_arg: str | None = None
     hang_timeout_s: float | None = None
     grace_s: float = 120.0
@@ -71,12 +71,23 @@ def job_argv(command: tuple[str, ...], resume_arg: str | None, resume_from: str 
     return argv
 
 
-def find_resume(checkpoint_dir: str, checkpoint_glob: str | None, *, settle_s: float = 0.2) -> str | None:
-    """The newest complete checkpoint: a Checkpointer folder with its manifest, or with
-    ``--checkpoint-glob`` the newest matching file whose size is not changing (still being written)."""
+@dataclass(frozen=True)
+class ResumeChoice:
+    path: str | None  # the newest complete checkpoint, or None
+    skipped: tuple[str, ...] = ()  # newer incomplete ones, "path: why" (reported, never deleted)
+
+
+def choose_resume(
+    checkpoint_dir: str, checkpoint_glob: str | None, layout: str = "auto", *, settle_s: float = 0.2
+) -> ResumeChoice:
+    """The newest complete checkpoint of the folder's layout (``--checkpoint-layout``), and the newer
+    incomplete ones passed over; or with ``--checkpoint-glob`` the newest matching file whose size is
+    not changing (still being written)."""
     if checkpoint_glob is None:
-        found = complete_checkpoints(Path(checkpoint_dir))
-        return str(found[0]) if found else None
+        found = layouts.scan(checkpoint_dir, layout)
+        chosen = next((c for c in found if c.complete), None)
+        newer = found[: found.index(chosen)] if chosen else found
+        return ResumeChoice(chosen.path if chosen else None, tuple(c.describe() for c in newer if not c.complete))
     pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
     candidates = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=os.path.getmtime, reverse=True)
     for path in candidates:
@@ -84,25 +95,36 @@ def find_resume(checkpoint_dir: str, checkpoint_glob: str | None, *, settle_s: f
             size = os.path.getsize(path)
             time.sleep(settle_s)
             if os.path.getsize(path) == size and size > 0:
-                return path
+                return ResumeChoice(path)
         except OSError:
             continue
-    return None
+    return ResumeChoice(None)
 
 
-def checkpoint_times(checkpoint_dir: str, checkpoint_glob: str | None, *, limit: int = 6) -> list[float]:
-    """When the newest ``limit`` checkpoints were completed (their modification times), newest first:
-    Checkpointer folders with their manifest, or with ``--checkpoint-glob`` the matching non-empty files."""
+def find_resume(
+    checkpoint_dir: str, checkpoint_glob: str | None, *, layout: str = "auto", settle_s: float = 0.2
+) -> str | None:
+    """The path ``choose_resume`` picks."""
     if checkpoint_glob is None:
-        paths = [str(p) for p in complete_checkpoints(Path(checkpoint_dir))[:limit]]
+        newest = layouts.newest_complete(checkpoint_dir, layout)
+        return newest.path if newest else None
+    return choose_resume(checkpoint_dir, checkpoint_glob, layout, settle_s=settle_s).path
+
+
+def checkpoint_times(
+    checkpoint_dir: str, checkpoint_glob: str | None, *, layout: str = "auto", limit: int = 6
+) -> list[float]:
+    """When the newest ``limit`` complete checkpoints were written, newest first: those of the
+    folder's layout, or with ``--checkpoint-glob`` the matching non-empty files."""
+    if checkpoint_glob is None:
+        times = [c.time for c in layouts.scan(checkpoint_dir, layout) if c.complete]
     else:
         pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
-        paths = glob.glob(pattern)
-    times = []
-    for path in paths:
-        try:
-            if checkpoint_glob is None or (os.path.isfile(path) and os.path.getsize(path) > 0):
-                times.append(os.path.getmtime(path))
-        except OSError:  # removed by pruning meanwhile
-            continue
+        times = []
+        for path in glob.glob(pattern):
+            try:
+                if os.path.isfile(path) and os.path.getsize(path) > 0:
+                    times.append(os.path.getmtime(path))
+            except OSError:  # removed by pruning meanwhile
+                continue
     return sorted(times, reverse=True)[:limit]

@@ -38,7 +38,7 @@ from trainguard.probes import kernel_log
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.containment import Containment, become_subreaper, contain, stop_gracefully
-from trainguard.supervisor.job import JobOptions, find_resume, job_argv, job_environment
+from trainguard.supervisor.job import JobOptions, choose_resume, find_resume, job_argv, job_environment
 from trainguard.supervisor.journal import Journal
 from trainguard.supervisor.lock import AlreadyWatched, SupervisorLock
 from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
@@ -259,7 +259,10 @@ class Supervisor:
         opts = self.options
         run_dir = Path(self.run.run_dir)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        resume_from = find_resume(opts.checkpoint_dir, opts.checkpoint_glob)
+        choice = choose_resume(opts.checkpoint_dir, opts.checkpoint_glob, opts.checkpoint_layout)
+        resume_from = choice.path
+        if choice.skipped:  # incomplete ones are reported, never chosen, never deleted
+            self.journal.event("checkpoints_skipped", {"attempt": n, "skipped": list(choice.skipped)})
         error_file, progress_file = self._error_file(n), self._progress_file(n)
         for stale in (error_file, progress_file):
             with contextlib.suppress(FileNotFoundError):
@@ -373,7 +376,7 @@ class Supervisor:
             attempt.exit_code = status.code if status else None
             attempt.signal = status.signal if status else None
             attempt.progress = progress.read(self._progress_file(attempt.n)) or attempt.progress
-            latest = find_resume(opts.checkpoint_dir, opts.checkpoint_glob, settle_s=0)
+            latest = self._newest_checkpoint()
             new_checkpoint = latest not in (None, attempt.resumed_from)
             new_lines = self._count_lines(watch)
             stopped_itself = self._stopped_on_signal(attempt) if returncode == 0 and not stopped else None
@@ -469,8 +472,12 @@ class Supervisor:
         except OSError:
             return 0
 
+    def _newest_checkpoint(self) -> str | None:
+        opts = self.options
+        return find_resume(opts.checkpoint_dir, opts.checkpoint_glob, layout=opts.checkpoint_layout, settle_s=0)
+
     def _checkpoint_bytes(self) -> int | None:
-        newest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        newest = self._newest_checkpoint()
         if newest is None:
             return None
         path = Path(newest)
@@ -482,7 +489,7 @@ class Supervisor:
     def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
         """New output, a new checkpoint or a new step reported by the job all count as progress."""
         size = self._log_size(watch)
-        latest = find_resume(self.options.checkpoint_dir, self.options.checkpoint_glob, settle_s=0)
+        latest = self._newest_checkpoint()
         reported = progress.read(self._progress_file(watch.attempt.n))
         step_moved = reported.get("step_time") != (watch.attempt.progress or {}).get("step_time")
         if size != watch.last_log_size or latest != watch.last_checkpoint or step_moved:

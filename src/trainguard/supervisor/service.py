@@ -124,6 +124,7 @@ def job_options(run: Run) -> JobOptions:
         cwd=run.cwd,
         checkpoint_dir=o["checkpoint_dir"],
         checkpoint_glob=o.get("checkpoint_glob"),
+        checkpoint_layout=o.get("checkpoint_layout", "auto"),
         resume_arg=o.get("resume_arg"),
         hang_timeout_s=o.get("hang_timeout_s"),
         grace_s=o.get("grace_s", 120.0),

@@ -1,0 +1,69 @@
+"""``StopSignal``: SIGTERM/SIGUSR1 become a request to save and stop, acted on by the training loop.
+
+A scheduler's SIGTERM (Slurm, Kubernetes, a spot reclaim, ``docker stop``) or a pre-timeout SIGUSR1
+(``sbatch --signal=B:USR1@120``) must not kill the job where it stands: the handler only records the
+signal, and the loop saves at its next step end and leaves. Handlers that were installed before are
+still called. Used by ``Checkpointer`` and by the framework integrations (``trainguard.integrations``).
+
+    stop = StopSignal()            # installs the handlers (main thread only)
+    ...
+    if stop.received is not None:  # the signal number
+        save(); break
+    stop.close()                   # puts the previous handlers back
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger("trainguard.checkpoint")
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopSignal:
+    """Records the first stop signal; ``received`` is its number, or None."""
+
+    def __init__(self, signals: Iterable[int] = STOP_SIGNALS, *, install: bool = True) -> None:
+        self.signals = tuple(signals)
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        if install:
+            self.install()
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
+    def install(self) -> bool:
+        """Install the handlers (again after ``close``). Python only lets the main thread do this:
+        elsewhere it logs a warning and returns False."""
+        if self._previous:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("stop signals set up outside the main thread: SIGTERM/SIGUSR1 will not trigger a save")
+            return False
+        for signum in self.signals:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+        return True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only record: the save happens in the training loop's own time, never inside a handler.
+        if self.received is None:
+            self.received = signum
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    def close(self) -> None:
+        """Put back the handlers that were there before, where ours is still the one installed."""
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous.items():
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
