@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -104,27 +105,48 @@ def test_a_stopped_writer_does_not_freeze_training_and_saves_go_on(tmp_path: Pat
     folder = tmp_path / "ckpt"
     trainer = subprocess.Popen([sys.executable, script(tmp_path, "t.py", WRITER_TRAINER), str(folder)],
                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    writer = None
     try:
-        lines = [trainer.stdout.readline() for _ in range(10)]
+        lines = _read_lines(trainer, count=10, timeout_s=30)
         writer = _writer_of(trainer.pid)
         os.kill(writer, signal.SIGSTOP)  # a writer hung on a dead mount, or stopped by a person
-        stopped_at = time.monotonic()
-        while time.monotonic() - stopped_at < 8:
-            lines.append(trainer.stdout.readline())
+        lines += _read_lines(trainer, timeout_s=8)  # a frozen trainer prints nothing: the gaps show it
         trainer.send_signal(signal.SIGTERM)  # a stop must still save at once
-        out, _ = trainer.communicate(timeout=60)
+        lines += _read_lines(trainer, timeout_s=30, until="stopped")
     finally:
         trainer.kill()
-        if "writer" in locals():
+        if writer is not None:
             with_suppress_kill(writer)
-    lines += out.splitlines()
     times = [float(line.split()[1]) for line in lines if line.strip() and line.split()[0].isdigit()]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 1.0, f"training stalled {max(gaps):.1f} s behind a stopped writer"
-    saved = int(next(line for line in lines if line.startswith("stopped")).split()[1])
+    stops = [line for line in lines if line.startswith("stopped")]
+    assert stops, "the trainer did not stop on SIGTERM: it froze behind the stopped writer"
+    saved = int(stops[0].split()[1])
     steps = sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*"))
     assert steps and steps[-1] == saved, f"the stop save is missing: {steps} vs {saved}"
     assert not list(folder.glob(".tmp-*")), "the killed writer's half-written folder was left behind"
+
+
+def _read_lines(process: subprocess.Popen, *, timeout_s: float, count: int | None = None,
+                until: str | None = None) -> list[str]:  # fmt: skip
+    """Lines the process prints within ``timeout_s`` (never blocks past it, whatever it does)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    buffered = ""
+    while time.monotonic() < deadline and (count is None or len(lines) < count):
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(process.stdout.fileno(), 65536).decode()
+        if not chunk:
+            break
+        buffered += chunk
+        *complete, buffered = buffered.split("\n")
+        lines += complete
+        if until is not None and any(line.startswith(until) for line in complete):
+            break
+    return lines
 
 
 def with_suppress_kill(pid: int) -> None:

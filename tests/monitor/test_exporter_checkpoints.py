@@ -5,6 +5,7 @@ age with), and when an ended run ended (what TrainguardRunFailed uses to stop pa
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -27,7 +28,14 @@ def test_the_typical_gap_is_the_median_so_one_pause_does_not_stretch_it() -> Non
 
 
 def _age(path: Path, seconds_ago: float) -> None:
+    """Make a checkpoint look written ``seconds_ago``: a file's modification time, or for a
+    Checkpointer folder the time its manifest records (what the checkpoint reader trusts)."""
     when = time.time() - seconds_ago
+    manifest = path / "manifest.json"
+    if manifest.exists():
+        record = json.loads(manifest.read_text())
+        record["time"] = when
+        manifest.write_text(json.dumps(record))
     os.utime(path, (when, when))
 
 

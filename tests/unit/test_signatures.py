@@ -26,7 +26,7 @@ def test_each_signature_matches_its_real_examples(signature) -> None:
 def test_each_signature_names_a_cause_and_a_source(signature) -> None:
     assert signature.cause in CAUSE_IDS or signature.cause == XID_CAUSE
     assert signature.source.strip()
-    assert signature.role is Role.WRAPPER or signature.weight > 0 or signature.cause == XID_CAUSE
+    assert signature.role is Role.WRAPPER or signature.weight > 0 or signature.cause == XID_CAUSE or signature.rereads
 
 
 def test_catalogue_has_every_cause_with_english_and_chinese_fixes() -> None:

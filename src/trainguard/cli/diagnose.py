@@ -37,12 +37,15 @@ def _parse_exit_code(_ctx: click.Context, _param: click.Parameter, value: str | 
         ) from None
 
 
-def _kernel_lines(spec: str | None, mtimes: list[float], now: float, warn: list[str]) -> list[KernelLine]:
+def _kernel_lines(
+    spec: str | None, mtimes: list[float], now: float, warn: list[str]
+) -> tuple[list[KernelLine], bool]:
+    """The kernel log's lines around the death, and whether a kernel log could be read at all."""
     if spec is None:
-        return []
+        return [], False
     if spec != "auto":
         try:
-            return kernel_log.read_saved(spec, now=now)
+            return kernel_log.read_saved(spec, now=now), True
         except OSError as exc:
             raise InputError(
                 f"cannot read kernel log {spec}: {exc.strerror}", f"无法读取内核日志 {spec}：{exc.strerror}"
@@ -51,10 +54,10 @@ def _kernel_lines(spec: str | None, mtimes: list[float], now: float, warn: list[
         lines, _source = kernel_log.read_live(now=now)
     except kernel_log.KernelLogUnavailable as exc:
         warn.append(exc.message_en)
-        return []
+        return [], False
     start = (min(mtimes) if mtimes else now) - WINDOW_BEFORE_S
     end = (max(mtimes) if mtimes else now) + WINDOW_AFTER_S
-    return kernel_log.in_window(lines, start, end)
+    return kernel_log.in_window(lines, start, end), True
 
 
 @click.command()
@@ -126,9 +129,10 @@ def diagnose(
             handle = stack.enter_context(open_log(target))
             mtimes.append(os.fstat(handle.fileno()).st_mtime)
             sources.append(LogSource(target if len(targets) > 1 else None, read_blocks(handle)))
-        kernel_lines = _kernel_lines(kernel_spec, mtimes, now, warnings)
+        kernel_lines, kernel_readable = _kernel_lines(kernel_spec, mtimes, now, warnings)
         try:
-            report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines)
+            report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines,
+                                 kernel_readable=kernel_readable)  # fmt: skip
         except OSError as exc:
             raise InputError(f"cannot read the log: {exc.strerror}", f"无法读取日志：{exc.strerror}") from exc
     for warning in warnings:
@@ -140,7 +144,7 @@ def _print(report: Report, as_json: bool, lang: str) -> int:
     from trainguard.cli import render
 
     if as_json:
-        click.echo(render.diagnosis_json(report.diagnosis, lang))
+        click.echo(render.diagnosis_json(report.diagnosis, lang, report.first_failure))
     else:
         render.print_diagnosis(report, lang)
     return 0

@@ -17,6 +17,8 @@ _LABELS = {
         "also": "Also possible",
         "none": "no line in the log points to a cause",
         "scanned": "scanned {lines:,} lines ({size})",
+        "first": "First failure",
+        "rank": "rank",
     },
     "zh": {
         "confidence": "置信度",
@@ -25,6 +27,8 @@ _LABELS = {
         "also": "其他可能",
         "none": "日志中没有指向原因的行",
         "scanned": "已扫描 {lines:,} 行（{size}）",
+        "first": "最先失败",
+        "rank": "rank",
     },
 }
 
@@ -32,8 +36,8 @@ _LABELS = {
 _SHOWN_TEXT = 200  # characters of an evidence line on a terminal; --json carries more
 
 
-def diagnosis_json(diagnosis: Diagnosis, lang: str) -> str:
-    return json.dumps(diagnosis_dict(diagnosis, lang), ensure_ascii=False, indent=2)
+def diagnosis_json(diagnosis: Diagnosis, lang: str, first_failure: dict | None = None) -> str:
+    return json.dumps(diagnosis_dict(diagnosis, lang, first_failure), ensure_ascii=False, indent=2)
 
 
 def _size(n: int) -> str:
@@ -66,6 +70,12 @@ def print_diagnosis(report: Report, lang: str) -> None:
     if diagnosis.cause != causes.UNKNOWN:
         meta += f" · {labels['confidence']} {diagnosis.confidence:.2f}"
     console.print(f"[dim]{meta}[/]")
+
+    if report.first_failure:
+        first = report.first_failure
+        where = [f"{labels['rank']} {first['rank']}" if first.get("rank") is not None else None, first.get("host"),
+                 first.get("time"), first.get("file")]  # fmt: skip
+        console.print(f"{labels['first']}: " + escape(" · ".join(str(w) for w in where if w)))
 
     console.print(f"\n[bold]{labels['evidence']}[/]")
     if diagnosis.evidence:

@@ -104,6 +104,7 @@ def run_json(run: Run) -> dict[str, Any]:
                 "resumed_from": a.resumed_from,
                 "resumed_step": (a.progress or {}).get("resumed_step"),
                 "step": (a.progress or {}).get("step"),
+                "skipped_checkpoints": a.skipped or [],
                 "log_path": a.log_path or run.log_path,
             }
             for a in run.attempts

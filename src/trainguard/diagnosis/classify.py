@@ -1,8 +1,8 @@
 """The classifier: observations in, one diagnosis out. Pure: no I/O, no clock.
 
 How it weighs:
-1. A line counts once, for its heaviest reading; a wrapper line (torchrun's summary) keeps only its
-   root readings.
+1. A line counts once, for its heaviest reading (a root reading before any cascade one); a wrapper
+   line (torchrun's summary) keeps only its root readings.
 2. Support observations (telemetry before the death) count only for a cause something else names.
    Cascade observations (an NCCL watchdog timeout, a launcher's SIGTERM to the other ranks, the Python
    exception that wraps a failure) count at a fraction of their weight when a root observation of
@@ -50,6 +50,10 @@ def _one_reading_per_line(observations: Sequence[Observation]) -> list[Observati
         readings = line_readings
         if any(r.role is Role.WRAPPER for r in readings):
             readings = [r for r in readings if r.role is Role.ROOT]
+        if any(r.role is Role.ROOT for r in readings):
+            # "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR" is the cuDNN status, whatever
+            # the exception that carries it: a specific reading beats a generic echo of the same line.
+            readings = [r for r in readings if r.role is not Role.CASCADE]
         if readings:
             heaviest = max(readings, key=lambda r: r.weight)
             note = heaviest.note or next((r.note for r in readings if r.note), None)

@@ -89,6 +89,7 @@ MIGRATIONS = {
         "log_path": "TEXT",  # the attempt's own log file (NULL: an older run, one file with offsets)
         "containment": "TEXT",  # JSON: its cgroups, so an adopting supervisor or `stop` can empty them
         "progress": "TEXT",  # JSON: what the job reported (trainguard.progress)
+        "skipped": "TEXT",  # JSON: incomplete checkpoints newer than the one resumed from, "path: why"
     },
 }
 
@@ -114,6 +115,7 @@ class Attempt:
     log_path: str | None = None
     containment: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    skipped: list[str] | None = None
 
 
 @dataclass
@@ -400,9 +402,9 @@ class Registry:
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO attempts (run_id, n, started_at, pid, pid_start, resumed_from, log_offset,"
-                " log_path, containment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " log_path, containment, skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, attempt.n, attempt.started_at, attempt.pid, attempt.pid_start, attempt.resumed_from,
-                 attempt.log_offset, attempt.log_path, _json(attempt.containment)),
+                 attempt.log_offset, attempt.log_path, _json(attempt.containment), _json(attempt.skipped)),
             )  # fmt: skip
             db.execute("UPDATE runs SET job_pid = ?, job_start = ? WHERE id = ?",
                        (attempt.pid, attempt.pid_start, run_id))  # fmt: skip
@@ -448,11 +450,11 @@ class Registry:
             for a in run.attempts:
                 db.execute(
                     "INSERT OR REPLACE INTO attempts (run_id, n, started_at, ended_at, pid, pid_start, exit_code,"
-                    " signal, cause, confidence, resumed_from, log_offset, log_path, diagnosis, containment, progress)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " signal, cause, confidence, resumed_from, log_offset, log_path, diagnosis, containment, progress,"
+                    " skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run.id, a.n, a.started_at, a.ended_at, a.pid, a.pid_start, a.exit_code, a.signal, a.cause,
                      a.confidence, a.resumed_from, a.log_offset, a.log_path, _json(a.diagnosis), _json(a.containment),
-                     _json(a.progress)),
+                     _json(a.progress), _json(a.skipped)),
                 )  # fmt: skip
 
     # ------------------------------------------------------------------ samples
@@ -507,6 +509,7 @@ class Registry:
                     log_path=a["log_path"],
                     containment=_load(a["containment"]),
                     progress=_load(a["progress"]),
+                    skipped=_load(a["skipped"]),
                 )
             )
         return run

@@ -38,9 +38,13 @@ def start_marker(attempt: Attempt, previous: Attempt | None, lang: str = "en") -
         if previous is not None and previous.cause:
             text += f" · 上一次终止原因：{previous.cause}"
         text += f" · 从 {attempt.resumed_from} 恢复" if attempt.resumed_from else " · 从头开始"
+        if attempt.skipped:
+            text += " · 跳过不完整的检查点 " + " | ".join(attempt.skipped)
     else:
         text = f"attempt {attempt.n}"
         if previous is not None and previous.cause:
             text += f" · previous attempt died: {previous.cause}"
         text += f" · resuming from {attempt.resumed_from}" if attempt.resumed_from else " · starting fresh"
+        if attempt.skipped:  # incomplete ones are reported, never chosen, never deleted
+            text += " · skipped incomplete " + " | ".join(attempt.skipped)
     return f"==== trainguard {stamp} · {text} ====\n"

@@ -77,6 +77,8 @@ def attempt_report(
         lines = kernel_tail.read_new() if kernel_tail is not None else kernel_log.read_live()[0]
         window = kernel_log.in_window(lines, started - KERNEL_SLACK_S, ended + KERNEL_SLACK_S)
         kernel_lines = [line for line in window if line.time is not None]
+        kernel_readable = True
     except kernel_log.KernelLogUnavailable:
-        kernel_lines = []
-    return investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines, job_pids=pids, extra=extra)
+        kernel_lines, kernel_readable = [], False
+    return investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines, job_pids=pids, extra=extra,
+                       kernel_readable=kernel_readable)  # fmt: skip

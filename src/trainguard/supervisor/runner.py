@@ -314,6 +314,7 @@ class Supervisor:
             resumed_from=resume_from,
             log_path=log_file,
             containment=containment.to_record(),
+            skipped=list(choice.skipped) or None,
         )
         if self.state is RunState.BACKOFF:
             self._transition(RunState.STARTING)
@@ -609,7 +610,7 @@ class Supervisor:
             extra=extra,
             kernel_tail=watch.kernel,
         )
-        return diagnosis_dict(report.diagnosis, "en")
+        return diagnosis_dict(report.diagnosis, "en", report.first_failure)
 
 
 def _descendants(pid: int) -> set[int]:
