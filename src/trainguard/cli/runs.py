@@ -105,6 +105,7 @@ def run_json(run: Run) -> dict[str, Any]:
                 "resumed_step": (a.progress or {}).get("resumed_step"),
                 "step": (a.progress or {}).get("step"),
                 "skipped_checkpoints": a.skipped or [],
+                "diagnosis": a.diagnosis,
                 "log_path": a.log_path or run.log_path,
             }
             for a in run.attempts
