@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus" / "crashlogs-dev.jsonl"
+CORPUS = Path(__file__).resolve().parent / "corpus"
 
 
-def load_corpus() -> list[dict]:
-    if not CORPUS.exists():
-        pytest.skip(f"the labelled crash-log corpus is not at {CORPUS} (it lives in ../shared/corpus)")
-    return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+def load_corpus(part: str = "dev") -> list[dict]:
+    """Real crash logs labelled by root cause (tests/corpus/README.md): "dev" to tune against,
+    "holdout" never to be tuned against."""
+    path = CORPUS / f"{part}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def trainguard_cmd() -> list[str]:

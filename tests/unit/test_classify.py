@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from trainguard.diagnosis.classify import classify
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
 from trainguard.postmortem import LogSource, investigate
@@ -150,3 +152,107 @@ def test_another_process_oom_kill_does_not_outweigh_the_jobs_own_sigterm() -> No
         job_pids={4242},
     ).diagnosis
     assert result.cause == "preempted" and result.alternatives == ()
+
+
+# ------------------------------------------------------------------ classes of real-world misses
+def _judge(text: str, **kwargs):
+    return investigate([LogSource(None, [text.encode()])], **kwargs)
+
+
+def test_a_bare_killed_in_another_locale_is_a_sigkill_read_as_host_oom() -> None:
+    d = _judge("[>>>>>>>>>> ] 1022/5000, 1.5 task/s, elapsed: 673s, ETA: 2621s已杀死\n").diagnosis
+    assert d.cause == "host_oom" and 0.4 <= d.confidence < 0.8
+
+
+def test_a_sigkill_is_killed_when_a_readable_kernel_log_holds_no_oom_kill() -> None:
+    log = "step 41\nstep 42\nKilled\n"
+    unreadable = _judge(log, exit_status=ExitStatus(signal=9)).diagnosis
+    readable = _judge(log, exit_status=ExitStatus(signal=9), kernel_lines=[], kernel_readable=True).diagnosis
+    assert unreadable.cause == "host_oom" and readable.cause == "killed"
+    oom = KernelLine("Out of memory: Killed process 4242 (python) total-vm:9GB, anon-rss:8GB", time=1.0)
+    with_record = _judge(log, exit_status=ExitStatus(signal=9), kernel_lines=[oom], kernel_readable=True,
+                         job_pids={4242}).diagnosis  # fmt: skip
+    assert with_record.cause == "host_oom" and with_record.confidence >= 0.99
+
+
+def test_enospc_under_multiprocessing_semlock_is_shared_memory() -> None:
+    log = textwrap.dedent("""\
+        File "/usr/lib/python3.10/multiprocessing/synchronize.py", line 57, in __init__
+          sl = self._semlock = _multiprocessing.SemLock(
+        OSError: [Errno 28] No space left on device
+    """)
+    assert _judge(log).diagnosis.cause == "shm_exhausted"
+    assert _judge("torch.save(state, path)\nOSError: [Errno 28] No space left on device\n").diagnosis.cause == "disk_full"
+
+
+def test_tensorflow_resource_exhausted_on_a_file_path_is_a_full_disk() -> None:
+    disk = ("W tensorflow/core/framework/op_kernel.cc:1753] OP_REQUIRES failed at save_restore_v2_ops.cc:134 : "
+            "Resource exhausted: checkpoints/model_temp_1b4ee8/part-00000-of-00001.data-00000-of-00001.tempstate4953\n")  # fmt: skip
+    gpu = "ResourceExhaustedError: OOM when allocating tensor with shape[8,509,3072] and type float on /job:localhost/replica:0/task:0/device:GPU:0\n"
+    assert _judge(disk).diagnosis.cause == "disk_full"
+    assert _judge(gpu).diagnosis.cause == "cuda_oom"
+
+
+def test_an_ambiguous_cuda_library_status_is_hesitant_and_names_its_alternatives() -> None:
+    d = _judge("RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED\n").diagnosis
+    assert d.confidence < 0.6
+    assert {"cuda_driver_mismatch", "gpu_hardware"} <= {cause for cause, _ in d.alternatives} | {d.cause}
+
+
+def test_pcie_aer_fatal_errors_in_the_kernel_log_are_gpu_hardware() -> None:
+    aer = [KernelLine("pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer", 5.0),
+           KernelLine("pcieport 0000:00:03.1: AER: can't recover (no error_detected callback)", 5.1)]  # fmt: skip
+    d = _judge("epoch 3 step 1200 loss 0.41\n", kernel_lines=aer, kernel_readable=True).diagnosis
+    assert d.cause == "gpu_hardware"
+
+
+def test_xid_45_beside_xid_79_reads_as_79() -> None:
+    kernel = [KernelLine("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", 1.0),
+              KernelLine("NVRM: Xid (PCI:0000:3b:00): 45, pid=4242, name=python, Ch 00000010", 1.1)]  # fmt: skip
+    d = _judge("RuntimeError: CUDA error: unspecified launch failure\n", kernel_lines=kernel, kernel_readable=True).diagnosis
+    assert d.cause == "gpu_hardware" and any("Xid 79" in (e.note or "") for e in d.evidence)
+
+
+def test_a_slurm_cancel_without_a_reason_is_a_hesitant_preemption() -> None:
+    d = _judge("slurmstepd: error: *** JOB 3 ON c1 CANCELLED AT 2025-02-13T15:47:35 ***\n").diagnosis
+    assert d.cause == "preempted" and d.confidence <= 0.7
+    assert "killed" in {cause for cause, _ in d.alternatives}
+
+
+def test_cloud_preemption_notices_are_preempted() -> None:
+    for line in ("UserError: AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted.",
+                 "Status Reason: Host EC2 Terminated", "MOAB_INFO:  job exceeded wallclock limit"):  # fmt: skip
+        assert _judge(line + "\n").diagnosis.cause == "preempted", line
+
+
+def test_a_lost_peer_with_nothing_else_is_peer_failure_and_an_echo_beside_a_root() -> None:
+    alone = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:36042\n"
+    assert _judge(alone).diagnosis.cause == "peer_failure"
+    with_root = alone + "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
+    assert _judge(with_root).diagnosis.cause == "cuda_oom"
+
+
+def test_a_command_that_cannot_start_is_bad_command() -> None:
+    d = _judge("python: can't open file '/work/nosuchfile.py': [Errno 2] No such file or directory\n",
+               exit_status=ExitStatus(code=2)).diagnosis  # fmt: skip
+    assert d.cause == "bad_command"
+    assert _judge("run.sh: line 18: deepspeed: command not found\n", exit_status=ExitStatus(code=127)).diagnosis.cause == "bad_command"
+
+
+def test_an_unlinked_oom_kill_in_the_kernel_log_does_not_outweigh_the_jobs_cuda_oom() -> None:
+    others = [KernelLine(f"Memory cgroup out of memory: Killed process {pid} (java) total-vm:9GB, anon-rss:8GB", 2.0)
+              for pid in (101, 102, 103)]  # fmt: skip
+    others.append(KernelLine("oom-kill:constraint=CONSTRAINT_MEMCG,task=java,pid=101,uid=0", 2.0))
+    log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB\n"
+    d = _judge(log, kernel_lines=others, kernel_readable=True).diagnosis
+    assert d.cause == "cuda_oom" and d.confidence >= 0.9
+
+
+def test_the_first_failing_rank_is_named_from_the_logs_timestamps() -> None:
+    rank0 = ("[rank0]:[E1201 10:00:42.120000 811 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+             "timeout: WorkNCCL(SeqNum=99, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 milliseconds\n")  # fmt: skip
+    rank1 = ("[rank1]:[E1201 09:50:41.950000 812 train.py:88] step 412\n"
+             "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 1 has a total capacity of 23.6 GiB\n")  # fmt: skip
+    report = investigate([LogSource("rank0.log", [rank0.encode()]), LogSource("rank1.log", [rank1.encode()])])
+    assert report.diagnosis.cause == "cuda_oom"
+    assert report.first_failure["rank"] == 1 and report.first_failure["file"] == "rank1.log"
