@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 LANGUAGES = ("en", "zh")
 
@@ -20,3 +21,13 @@ def choose_language(flag: str | None, environ: Mapping[str, str]) -> str:
 
 def pick(texts: Mapping[str, str], lang: str) -> str:
     return texts.get(lang) or texts["en"]
+
+
+class Text(NamedTuple):
+    """One thing said in both languages."""
+
+    en: str
+    zh: str
+
+    def pick(self, lang: str) -> str:
+        return self.zh if lang == "zh" else self.en

@@ -16,7 +16,7 @@ from trainguard.postmortem import LogSource, investigate
 
 # Floors, below the figures measured when they were set (README, "How it decides"), so that a change
 # that makes the engine generalise worse fails here.
-DEV_FLOOR = 0.92
+DEV_FLOOR = 0.90
 HOLDOUT_FLOOR = 0.75
 
 

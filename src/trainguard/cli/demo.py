@@ -8,6 +8,7 @@ import os
 import click
 
 from trainguard._i18n import LANGUAGES, choose_language
+from trainguard.cli import output
 from trainguard.errors import UsageError
 
 
@@ -31,9 +32,7 @@ def demo(as_json: bool, only: str | None, lang: str | None) -> int:
         outcomes = [run_scenario(s) for s in chosen]
         click.echo(json.dumps({"scenarios": [o.to_dict() for o in outcomes]}, ensure_ascii=False, indent=2))
     else:
-        from rich.console import Console
-
-        console = Console(highlight=False)
+        console = output.console()
         for scenario in chosen:
             with console.status(f"[bold]{scenario.name}[/]: {scenario.title} …"):
                 outcome = run_scenario(scenario)
@@ -43,6 +42,7 @@ def demo(as_json: bool, only: str | None, lang: str | None) -> int:
             )
             console.print(f"{mark}  {scenario.name}: {scenario.title}")
         _table(console, outcomes, lang)
+        console.file.flush()
     ran = [o for o in outcomes if not o.skipped]
     return 0 if ran and all(o.passed for o in ran) else 1
 

@@ -7,6 +7,8 @@ import os
 
 import click
 
+from trainguard.cli import output
+
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard.doctor.checks import CHECKS, CheckResult, Status, run_checks
 from trainguard.errors import UsageError
@@ -67,11 +69,17 @@ def doctor(as_json: bool, lang: str | None, only: list[str] | None, checkpoint_d
 
 
 def _print(results: list[CheckResult], lang: str) -> None:
-    from rich.console import Console
+    console = output.console()
+    try:
+        _render(console, results, lang)
+    finally:
+        console.file.flush()
+
+
+def _render(console, results: list[CheckResult], lang: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(highlight=False)
     table = Table.grid(padding=(0, 2))
     table.add_column(no_wrap=True)
     table.add_column(style="cyan", no_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from trainguard import causes
+from trainguard.cli import output
 from trainguard.diagnosis.classify import Diagnosis
 from trainguard.diagnosis.evidence import Observation
 from trainguard.postmortem import Report, diagnosis_dict
@@ -56,14 +57,13 @@ def _where(obs: Observation) -> str:
 
 
 def print_diagnosis(report: Report, lang: str) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     labels = _LABELS[lang]
     diagnosis = report.diagnosis
     cause = causes.get(diagnosis.cause)
-    console = Console(highlight=False, soft_wrap=False)
+    console = output.console()
     style = "bold yellow" if diagnosis.cause == causes.UNKNOWN else "bold red"
     console.print(f"[{style}]{escape(cause.title_in(lang))}[/]")
     meta = diagnosis.cause
@@ -104,3 +104,4 @@ def print_diagnosis(report: Report, lang: str) -> None:
         also = ", ".join(f"{c} ({conf:.2f})" for c, conf in diagnosis.alternatives)
         console.print(f"\n[dim]{labels['also']}: {also}[/]")
     console.print(f"[dim]{labels['scanned'].format(lines=report.lines_scanned, size=_size(report.bytes_scanned))}[/]")
+    console.file.flush()

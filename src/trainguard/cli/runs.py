@@ -33,6 +33,10 @@ def _say(en: str, zh: str) -> str:
     return zh if choose_language(None, os.environ) == "zh" else en
 
 
+# The five public states (DESIGN section 5) as a person reads them in Chinese.
+_STATE_ZH = {"running": "运行中", "restarting": "等待重启", "succeeded": "已成功", "failed": "已失败", "stopped": "已停止"}
+
+
 def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
@@ -420,9 +424,11 @@ def ps(as_json: bool) -> int:
     header = _say("ID|STATE|ATTEMPTS|NAME|LAST DEATH|COMMAND", "ID|状态|尝试|名称|上次终止|命令").split("|")
     width = os.get_terminal_size().columns if sys.stdout.isatty() else None
     rows = []
+    zh = choose_language(None, os.environ) == "zh"
     for r in runs:
         last = r.attempts[-1] if r.attempts else None
-        rows.append([r.id, PUBLIC_STATE[RunState(r.state)], str(len(r.attempts)), r.name or "-",
+        state = PUBLIC_STATE[RunState(r.state)]
+        rows.append([r.id, _STATE_ZH[state] if zh else state, str(len(r.attempts)), r.name or "-",
                      last.cause if last and last.cause else "-", shell_join(r.command)])  # fmt: skip
     for line in _columns(header, rows):
         click.echo(line[: width - 1] + "…" if width and len(line) > width else line)
@@ -439,9 +445,10 @@ def status(ref: str, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, indent=2))
         return 1 if info["state"] == "failed" else 0
-    reason = f" — {info['reason']}" if info["reason"] else ""
+    reason = run_record.reason_in(choose_language(None, os.environ))
+    reason = f" — {reason}" if reason else ""
     click.echo(_say(f"run {info['id']} ({info['name'] or 'no name'}): {info['state']}{reason}",
-                    f"运行 {info['id']}（{info['name'] or '无名称'}）：{info['state']}{reason}"))  # fmt: skip
+                    f"运行 {info['id']}（{info['name'] or '无名称'}）：{_STATE_ZH[info['state']]}{reason}"))  # fmt: skip
     click.echo(_say(f"  command: {shell_join(info['command'])}\n  log:     {info['log_path']}",
                     f"  命令：{shell_join(info['command'])}\n  日志：{info['log_path']}"))  # fmt: skip
     if info["supervisor"] == "gone":
@@ -630,7 +637,7 @@ def stop(ref: str, wait: bool, grace: float | None) -> int:
             what = service.stop_unwatched(registry, run_record, grace_s)
         except AlreadyWatched:  # another `stop` (or an adopt) got there first: wait for its outcome
             return _wait_stopped(registry, run_record, grace_s, wait)
-        click.echo(_say(f"run {run_record.id}: stopped ({what})", f"运行 {run_record.id}：已停止（{what}）"))
+        click.echo(_say(f"run {run_record.id}: stopped ({what.en})", f"运行 {run_record.id}：已停止（{what.zh}）"))
         return 0
     try:
         if not registry.request_stop(run_record.id, grace_s):
@@ -640,7 +647,7 @@ def stop(ref: str, wait: bool, grace: float | None) -> int:
     if not holder.signal(signal.SIGTERM):
         registry.request_stop(run_record.id, grace_s, replace_stale=True)
         what = service.stop_unwatched(registry, run_record, grace_s)  # its supervisor died a moment ago
-        click.echo(_say(f"run {run_record.id}: stopped ({what})", f"运行 {run_record.id}：已停止（{what}）"))
+        click.echo(_say(f"run {run_record.id}: stopped ({what.en})", f"运行 {run_record.id}：已停止（{what.zh}）"))
         return 0
     return _wait_stopped(registry, run_record, grace_s, wait)
 
@@ -652,7 +659,9 @@ def _wait_stopped(registry: Registry, run_record: Run, grace_s: float, wait: boo
     while time.monotonic() < deadline:
         current = registry.get(run_record.id)
         if RunState(current.state) in TERMINAL_STATES:
-            click.echo(f"run {current.id}: {current.state}" + (f" ({current.reason})" if current.reason else ""))
+            reason = current.reason_in(choose_language(None, os.environ))
+            click.echo(_say(f"run {current.id}: {current.state}", f"运行 {current.id}：{_STATE_ZH[current.state]}")
+                       + (f" ({reason})" if reason else ""))  # fmt: skip
             return 0
         time.sleep(0.2)
     click.echo(_say(f"run {run_record.id}: still stopping", f"运行 {run_record.id}：仍在停止中"), err=True)

@@ -49,8 +49,10 @@ def _result(check_id: str, status: Status, summary: Text, detail: Text | None = 
 
 
 def _unknown(check_id: str, facts: Facts, *keys: str) -> CheckResult:
-    reason = next((facts.unknown[k] for k in keys if k in facts.unknown), "not available")
-    return _result(check_id, Status.UNKNOWN, T(f"could not look: {reason}", f"无法检查：{reason}"))
+    reason = next((facts.unknown[k] for k in keys if k in facts.unknown), T("not available", "无法获取"))
+    if isinstance(reason, str):  # said by a library, in its own words
+        reason = T(reason, f"「{reason}」")
+    return _result(check_id, Status.UNKNOWN, T(f"could not look: {reason['en']}", f"无法检查：{reason['zh']}"))
 
 
 def _gib(n: int) -> str:
@@ -295,10 +297,12 @@ def check_ssh_session(facts: Facts) -> CheckResult:
     if facts.ssh and not facts.multiplexer and not facts.under_trainguard:
         return _result(cid, Status.WARN, T("this shell is an SSH session without tmux/screen: a job started here dies when the connection drops",
                                            "当前是未使用 tmux/screen 的 SSH 会话：在这里启动的作业会随连接断开而终止"))  # fmt: skip
-    where = facts.multiplexer or (
-        "trainguard" if facts.under_trainguard else ("SSH" if facts.ssh else "a local session")
-    )
-    return _result(cid, Status.OK, T(f"session: {where}", f"会话：{where}"))
+    if facts.multiplexer or facts.under_trainguard:
+        where = facts.multiplexer or "trainguard"
+        return _result(cid, Status.OK, T(f"session: {where}", f"会话：{where}"))
+    if facts.ssh:
+        return _result(cid, Status.OK, T("session: SSH", "会话：SSH"))
+    return _result(cid, Status.OK, T("session: a local session", "会话：本地会话"))
 
 
 # ------------------------------------------------------------------------------------------ GPUs

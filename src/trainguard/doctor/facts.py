@@ -4,6 +4,7 @@ the probes could not read is None, with the reason in ``unknown`` under the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -80,5 +81,6 @@ class Facts:
     lingering: bool | None = None
     # kernel log
     xids: tuple[XidEvent, ...] | None = None
-    # why a value is None: {"gpus": "no NVIDIA driver", "toolkit_cuda": "nvcc not found", ...}
-    unknown: dict[str, str] = field(default_factory=dict)
+    # why a value is None, in both languages ({"en", "zh"}), or as a library said it (a str):
+    # {"gpus": {"en": "no NVIDIA driver ...", "zh": "没有 NVIDIA 驱动 ..."}, ...}
+    unknown: dict[str, Any] = field(default_factory=dict)

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainguard.checkpoint.layouts import newest_complete
 from trainguard.diagnosis.evidence import xid_lines
+from trainguard.doctor.checks import T, Text
 from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, XidEvent
 from trainguard.probes import kernel_log
 from trainguard.probes.memory import cgroup_limit, meminfo_available
@@ -32,11 +33,11 @@ print(json.dumps(info))
 """
 
 
-def _nvidia(facts: dict[str, Any], unknown: dict[str, str]) -> None:
+def _nvidia(facts: dict[str, Any], unknown: dict[str, Text]) -> None:
     try:
         import pynvml
     except ImportError:
-        unknown["gpus"] = unknown["driver_version"] = "nvidia-ml-py is not installed"
+        unknown["gpus"] = unknown["driver_version"] = T("nvidia-ml-py is not installed", "未安装 nvidia-ml-py")
         return
     try:
         pynvml.nvmlInit()
@@ -45,10 +46,11 @@ def _nvidia(facts: dict[str, Any], unknown: dict[str, str]) -> None:
         if "mismatch" in message.lower():
             facts["nvml_error"] = "Failed to initialize NVML: Driver/library version mismatch"
         reason = (
-            "no NVIDIA driver (libnvidia-ml not found): no GPU on this machine?"
+            T("no NVIDIA driver (libnvidia-ml not found): no GPU on this machine?",
+              "没有 NVIDIA 驱动（找不到 libnvidia-ml）：这台机器没有 GPU？")
             if "NotFound" in type(exc).__name__ or "not found" in message.lower()
-            else f"NVML: {message}"
-        )
+            else T(f"NVML: {message}", f"NVML 报错：「{message}」")
+        )  # fmt: skip
         unknown["gpus"] = unknown["driver_version"] = reason
         return
     try:
@@ -119,7 +121,7 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def _kernel_module(facts: dict[str, Any], unknown: dict[str, str]) -> None:
+def _kernel_module(facts: dict[str, Any], unknown: dict[str, Text]) -> None:
     try:
         text = Path("/proc/driver/nvidia/version").read_text()
     except OSError:
@@ -130,30 +132,33 @@ def _kernel_module(facts: dict[str, Any], unknown: dict[str, str]) -> None:
         unknown.pop("driver_version", None)
 
 
-def _nvcc(facts: dict[str, Any], unknown: dict[str, str]) -> None:
+def _nvcc(facts: dict[str, Any], unknown: dict[str, Text]) -> None:
     nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
     if nvcc is None:
-        unknown["toolkit_cuda"] = "nvcc not found (no CUDA toolkit; only needed to build extensions)"
+        unknown["toolkit_cuda"] = T("nvcc not found (no CUDA toolkit; only needed to build extensions)",
+                                    "找不到 nvcc（没有 CUDA toolkit；只有编译扩展时才需要）")  # fmt: skip
         return
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=20, check=False).stdout
         if match := re.search(r"release ([0-9]+)\.([0-9]+)", out):
             facts["toolkit_cuda"] = (int(match.group(1)), int(match.group(2)))
             return
-    unknown["toolkit_cuda"] = "nvcc --version gave no release"
+    unknown["toolkit_cuda"] = T("nvcc --version gave no release", "nvcc --version 没有给出版本号")
 
 
-def _torch(facts: dict[str, Any], unknown: dict[str, str], python: str) -> None:
+def _torch(facts: dict[str, Any], unknown: dict[str, Text], python: str) -> None:
     # In a child process: a broken CUDA install can crash the interpreter on import.
     try:
         done = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        unknown["torch_version"] = f"could not run {python}: {exc}"
+        unknown["torch_version"] = T(f"could not run {python}: {exc}", f"无法运行 {python}：「{exc}」")
         return
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         unknown["torch_version"] = (
-            "torch is not installed" if "No module named 'torch'" in last else f"import torch failed: {last}"
+            T("torch is not installed", "未安装 torch")
+            if "No module named 'torch'" in last
+            else T(f"import torch failed: {last}", f"import torch 失败：「{last}」")
         )
         return
     info = json.loads(done.stdout.strip().splitlines()[-1])
@@ -205,7 +210,7 @@ def gather(
     *, checkpoint_dir: str | None, state_dir: Path, kernel_log_file: str | None, python: str = sys.executable
 ) -> Facts:
     facts: dict[str, Any] = {}
-    unknown: dict[str, str] = {}
+    unknown: dict[str, Text] = {}
     _nvidia(facts, unknown)
     _kernel_module(facts, unknown)
     _nvcc(facts, unknown)
@@ -216,7 +221,7 @@ def gather(
         shm = os.statvfs("/dev/shm")
         facts["shm_total"], facts["shm_free"] = shm.f_blocks * shm.f_frsize, shm.f_bavail * shm.f_frsize
     if "shm_total" not in facts:
-        unknown["shm_total"] = "/dev/shm is not mounted"
+        unknown["shm_total"] = T("/dev/shm is not mounted", "/dev/shm 没有挂载")
     with contextlib.suppress(OSError):
         meminfo = Path("/proc/meminfo").read_text()
         total = re.search(r"^MemTotal:\s+([0-9]+) kB", meminfo, re.MULTILINE)
@@ -252,7 +257,7 @@ def gather(
             lines, _ = kernel_log.read_live()
         facts["xids"] = tuple(XidEvent(code, line.text) for code, line in xid_lines(lines))
     except kernel_log.KernelLogUnavailable as exc:
-        unknown["xids"] = exc.message_en
+        unknown["xids"] = T(exc.message_en, exc.message_zh)
     except OSError as exc:
-        unknown["xids"] = f"cannot read {kernel_log_file}: {exc.strerror}"
+        unknown["xids"] = T(f"cannot read {kernel_log_file}: {exc.strerror}", f"无法读取 {kernel_log_file}：{exc.strerror}")
     return Facts(**facts, unknown=unknown)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainguard._i18n import Text
 from trainguard.errors import UsageError
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ MIGRATIONS = {
         "job_start": "INTEGER",
         "containment": "TEXT",  # how the current attempt is contained: "cgroup v1 (...)", "partial (...)"
         "stop_request": "TEXT",  # JSON {"time", "grace_s"}: `trainguard stop` asked for a stop
+        "reason_zh": "TEXT",  # the reason in Chinese (reason is in English)
     },
     "attempts": {
         "pid_start": "INTEGER",
@@ -138,7 +140,11 @@ class Run:
     job_start: int | None = None
     containment: str | None = None
     stop_request: dict[str, Any] | None = None
+    reason_zh: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
+
+    def reason_in(self, lang: str) -> str | None:
+        return self.reason_zh if lang == "zh" and self.reason_zh else self.reason
 
     @property
     def active(self) -> bool:
@@ -370,16 +376,18 @@ class Registry:
 
     @_registry_errors
     def set_state(
-        self, run_id: str, state: str, *, reason: str | None = None, data: dict[str, Any] | None = None
+        self, run_id: str, state: str, *, reason: Text | None = None, data: dict[str, Any] | None = None
     ) -> None:
         now = time.time()
+        en, zh = reason if reason is not None else (None, None)
         with self._transaction() as db:
-            db.execute("UPDATE runs SET state = ?, reason = COALESCE(?, reason) WHERE id = ?", (state, reason, run_id))
+            db.execute("UPDATE runs SET state = ?, reason = COALESCE(?, reason), reason_zh = COALESCE(?, reason_zh)"
+                       " WHERE id = ?", (state, en, zh, run_id))  # fmt: skip
             if state not in ACTIVE:  # a stop request ends with the run it stopped
                 db.execute("UPDATE runs SET stop_request = NULL WHERE id = ?", (run_id,))
             db.execute(
                 "INSERT INTO events (run_id, time, kind, data) VALUES (?, ?, ?, ?)",
-                (run_id, now, f"state:{state}", json.dumps({"reason": reason, **(data or {})})),
+                (run_id, now, f"state:{state}", json.dumps({"reason": en, **(data or {})})),
             )
 
     @_registry_errors
@@ -441,11 +449,11 @@ class Registry:
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO runs (id, name, host, command, cwd, created_at, state, reason, supervisor_pid,"
-                " job_pid, boot_id, run_dir, log_path, options, supervisor_start, job_start, containment)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " job_pid, boot_id, run_dir, log_path, options, supervisor_start, job_start, containment, reason_zh)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run.id, run.name, run.host, json.dumps(run.command), run.cwd, run.created_at, run.state, run.reason,
                  run.supervisor_pid, run.job_pid, run.boot_id, run.run_dir, run.log_path, json.dumps(run.options),
-                 run.supervisor_start, run.job_start, run.containment),
+                 run.supervisor_start, run.job_start, run.containment, run.reason_zh),
             )  # fmt: skip
             for a in run.attempts:
                 db.execute(
@@ -489,7 +497,7 @@ class Registry:
             options=json.loads(row["options"]), reason=row["reason"], supervisor_pid=row["supervisor_pid"],
             job_pid=row["job_pid"], boot_id=row["boot_id"], supervisor_start=row["supervisor_start"],
             job_start=row["job_start"], containment=row["containment"],
-            stop_request=_load(row["stop_request"]),
+            stop_request=_load(row["stop_request"]), reason_zh=row["reason_zh"],
         )  # fmt: skip
         for a in db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY n", (run.id,)):
             run.attempts.append(
@@ -590,7 +598,10 @@ def close_runs_lost_to_reboot(registry: Registry, current_boot: str | None = Non
         registry.set_state(
             run.id,
             "failed",
-            reason="the machine went down under the job (node_reboot); start it again to resume from its checkpoint",
+            reason=Text(
+                "the machine went down under the job (node_reboot); `trainguard restart RUN` resumes it from its checkpoint",
+                "作业运行期间机器宕机（node_reboot）；用 `trainguard restart RUN` 从检查点继续",
+            ),
         )
         closed.append(run.id)
     return closed

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard._i18n import Text
 from trainguard.store.registry import Attempt, Registry, RegistryError, Run
 
 log = logging.getLogger("trainguard.supervisor")
@@ -110,10 +111,10 @@ class Journal:
         return not self._queue
 
     # ------------------------------------------------------------------ what the supervisor records
-    def set_state(self, state: str, reason: str | None = None, data: dict[str, Any] | None = None) -> None:
+    def set_state(self, state: str, reason: Text | None = None, data: dict[str, Any] | None = None) -> None:
         self.run.state = state
         if reason is not None:
-            self.run.reason = reason
+            self.run.reason, self.run.reason_zh = reason
         self._write(lambda: self.registry.set_state(self.run.id, state, reason=reason, data=data))
 
     def update(self, **fields: Any) -> None:

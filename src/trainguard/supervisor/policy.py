@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trainguard._i18n import Text
 from trainguard.causes import Cause, Retry
 
 BACKOFF_BASE_S = 2.0
@@ -46,7 +47,7 @@ class Outcome:
 class Decision:
     restart: bool
     final_state: str | None  # succeeded | failed | stopped, when not restarting
-    reason: str
+    reason: Text
     delay_s: float = 0.0
     batch_scale: float = 1.0  # multiply TRAINGUARD_BATCH_SCALE by this for the next attempt
 
@@ -54,25 +55,31 @@ class Decision:
 def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[str, Cause]) -> Decision:
     last = history[-1]
     if last.stopped_by_user:
-        return Decision(False, "stopped", "stopped on request")
+        return Decision(False, "stopped", Text("stopped on request", "已按请求停止"))
     if last.succeeded:
         if policy.mode == "always" and len(history) - 1 < policy.max_restarts:
-            return Decision(True, None, "exited 0; --restart always", policy.backoff_base_s)
-        return Decision(False, "succeeded", "exited 0")
+            return Decision(True, None, Text("exited 0; --restart always", "正常退出（0）；--restart always"),
+                            policy.backoff_base_s)  # fmt: skip
+        return Decision(False, "succeeded", Text("exited 0", "正常退出（0）"))
     cause_id = last.cause or "unknown"
     if policy.mode == "never":
-        return Decision(False, "failed", f"died ({cause_id}); --restart never")
+        return Decision(False, "failed", Text(f"died ({cause_id}); --restart never", f"终止（{cause_id}）；--restart never"))
     restarts = len(history) - 1
     if restarts >= policy.max_restarts:
         return Decision(
-            False, "failed", f"died ({cause_id}) after {restarts} restarts (--max-restarts {policy.max_restarts})"
-        )
+            False,
+            "failed",
+            Text(f"died ({cause_id}) after {restarts} restarts (--max-restarts {policy.max_restarts})",
+                 f"已重启 {restarts} 次后仍终止（{cause_id}）（--max-restarts {policy.max_restarts}）"),
+        )  # fmt: skip
     cause = causes[cause_id]
     retry = policy.retry_overrides.get(cause_id, cause.retry)
     if retry is Retry.NO:
-        return Decision(False, "failed", f"{cause_id}: a restart cannot help; fix it first")
+        return Decision(False, "failed", Text(f"{cause_id}: a restart cannot help; fix it first",
+                                              f"{cause_id}：重启无济于事，请先修复"))  # fmt: skip
     if retry is Retry.ONCE and len(history) >= 2 and history[-2].cause == cause_id and not history[-2].succeeded:
-        return Decision(False, "failed", f"{cause_id} twice in a row: not retrying again")
+        return Decision(False, "failed", Text(f"{cause_id} twice in a row: not retrying again",
+                                              f"连续两次 {cause_id}：不再重试"))  # fmt: skip
     deaths_without_progress = 0
     for outcome in reversed(history):
         if outcome.progressed or outcome.succeeded:
@@ -81,12 +88,14 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
     if deaths_without_progress >= CRASH_LOOP_DEATHS:
         return Decision(
             False, "failed",
-            f"crash loop: {deaths_without_progress} deaths in a row without a new checkpoint or output beyond start-up",
+            Text(f"crash loop: {deaths_without_progress} deaths in a row without a new checkpoint or output beyond start-up",
+                 f"崩溃循环：连续 {deaths_without_progress} 次终止，既没有新检查点，也没有启动之外的输出"),
         )  # fmt: skip
     delay = min(policy.backoff_cap_s, policy.backoff_base_s * 2 ** max(0, deaths_without_progress - 1))
     if cause.restart_at_once:
         delay = 0.0
-    return Decision(True, None, f"{cause_id}: restarting", cause.retry_pause_s + delay, cause.batch_scale)
+    return Decision(True, None, Text(f"{cause_id}: restarting", f"{cause_id}：正在重启"), cause.retry_pause_s + delay,
+                    cause.batch_scale)  # fmt: skip
 
 
 def verdict_exit_code(final_state: str, last_cause: str | None, causes: Mapping[str, Cause], *,

@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from trainguard import causes, progress
+from trainguard._i18n import Text, choose_language
 from trainguard._proc import ProcessRef, start_time
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
@@ -145,21 +146,22 @@ class Supervisor:
         return float((request or {}).get("grace_s") or self.options.grace_s)
 
     # ------------------------------------------------------------------ state
-    def _transition(self, new: RunState, reason: str | None = None, **data: object) -> None:
+    def _transition(self, new: RunState, reason: Text | None = None, **data: object) -> None:
         check_transition(self.state, new)
         self.state = new
         self.journal.set_state(new.value, reason=reason, data=dict(data))
 
-    def _append_marker(self, log_file: str | None, text: str) -> None:
+    def _append_marker(self, log_file: str | None, text: Text) -> None:
         """A line in the attempt's own log, after the job is gone (a person following the file with
-        `tail -F` sees why it ended). Best effort: a full disk loses the line, not the supervision."""
+        `tail -F` sees why it ended), in the language of the person who started the run. Best
+        effort: a full disk loses the line, not the supervision."""
         if log_file is None:
             return
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
         with contextlib.suppress(OSError):
             fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)  # never recreate a removed log
             with os.fdopen(fd, "a", encoding="utf-8") as log:
-                log.write(f"==== trainguard {stamp} · {text} ====\n")
+                log.write(f"==== trainguard {stamp} · {text.pick(choose_language(None, os.environ))} ====\n")
 
     # ------------------------------------------------------------------ the loop
     def supervise(self, *, adopt: bool = False, on_started: Callable[[Run], None] | None = None) -> RunState:
@@ -190,7 +192,7 @@ class Supervisor:
             if self.stop_requested is not None:
                 self._started()
                 self._stop_grace()
-                self._transition(RunState.STOPPED, "stopped on request before the attempt started")
+                self._transition(RunState.STOPPED, Text("stopped on request before the attempt started", "在尝试开始前按请求停止"))
                 return self.state
             if adopt and self.run.attempts and self.run.attempts[-1].ended_at is None:
                 outcome, attempt = self._adopt_attempt(self.run.attempts[-1])
@@ -200,23 +202,24 @@ class Supervisor:
             adopt = False
             self.history.append(outcome)
             decision = decide(self.history, self.policy, causes.catalogue())
-            self.journal.event("decision", {"restart": decision.restart, "reason": decision.reason,
+            self.journal.event("decision", {"restart": decision.restart, "reason": decision.reason.en,
                                             "delay_s": decision.delay_s})  # fmt: skip
             if attempt.cause is not None:
                 named = f"{attempt.cause} ({attempt.confidence or 0:.2f})"
                 self.monitor.alert(
                     "death",
                     "critical",
-                    en=f"attempt {attempt.n} died: {named}; {decision.reason}",
-                    zh=f"第 {attempt.n} 次尝试终止：{named}；{decision.reason}",
+                    en=f"attempt {attempt.n} died: {named}; {decision.reason.en}",
+                    zh=f"第 {attempt.n} 次尝试终止：{named}；{decision.reason.zh}",
                 )
             if not decision.restart:
                 final = RunState(decision.final_state)
                 self._transition(final, decision.reason)
-                self._append_marker(attempt.log_path, f"run {final.value}: {decision.reason}")
+                self._append_marker(attempt.log_path, Text(f"run {final.value}: {decision.reason.en}",
+                                                           f"运行结束（{final.value}）：{decision.reason.zh}"))  # fmt: skip
                 if final is RunState.FAILED:
-                    self.monitor.alert("run_failed", "critical", en=f"run failed: {decision.reason}",
-                                       zh=f"运行失败：{decision.reason}")  # fmt: skip
+                    self.monitor.alert("run_failed", "critical", en=f"run failed: {decision.reason.en}",
+                                       zh=f"运行失败：{decision.reason.zh}")  # fmt: skip
                 self.journal.flush(force=True)
                 return final
             restart_cause = attempt.cause
@@ -224,7 +227,7 @@ class Supervisor:
             self._transition(RunState.BACKOFF, decision.reason, delay_s=decision.delay_s)
             if not self._wait_backoff(decision):
                 self._stop_grace()
-                self._transition(RunState.STOPPED, "stopped on request during backoff")
+                self._transition(RunState.STOPPED, Text("stopped on request while waiting to restart", "在等待重启时按请求停止"))
                 self.journal.flush(force=True)
                 return self.state
 
@@ -320,7 +323,7 @@ class Supervisor:
             self._transition(RunState.STARTING)
         self.journal.update(containment=containment.description)
         self.journal.start_attempt(attempt)
-        self._transition(RunState.RUNNING, f"attempt {n}", pid=process.pid)
+        self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
         self._started()
         watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail)
         return self._conclude(watch)
@@ -329,7 +332,8 @@ class Supervisor:
         job = ProcessRef(attempt.pid or 0, attempt.pid_start)
         self.journal.event("adopted", {"n": attempt.n, "pid": attempt.pid})
         if self.state is not RunState.RUNNING:
-            self._transition(RunState.RUNNING, f"attempt {attempt.n} adopted", pid=attempt.pid)
+            self._transition(RunState.RUNNING, Text(f"attempt {attempt.n} taken back under watch",
+                                                       f"重新接管第 {attempt.n} 次尝试"), pid=attempt.pid)  # fmt: skip
         self._started()
         containment = Containment.from_record(attempt.containment, job)
         read_fd = None
@@ -390,7 +394,8 @@ class Supervisor:
                 attempt.confidence = diagnosis["confidence"]
                 attempt.diagnosis = diagnosis
             if watch.hung:
-                self._append_marker(attempt.log_path, f"no progress for {opts.hang_timeout_s:g} s: stopped")
+                self._append_marker(attempt.log_path, Text(f"no progress for {opts.hang_timeout_s:g} s: stopped",
+                                                           f"{opts.hang_timeout_s:g} 秒没有进展：已停止"))  # fmt: skip
             self.journal.end_attempt(attempt)
         finally:
             if watch.kernel is not None:
@@ -443,7 +448,8 @@ class Supervisor:
                 return returncode
             now = self.clock()
             if self.stop_requested is not None and self.state is not RunState.STOPPING:
-                self._transition(RunState.STOPPING, f"signal {self.stop_requested}")
+                self._transition(RunState.STOPPING, Text(f"stopping on signal {self.stop_requested}",
+                                                         f"收到信号 {self.stop_requested}，正在停止"))  # fmt: skip
                 return self._stop_job(watch, self._stop_grace())
             if now >= next_tick:
                 next_tick = now + TICK_S
@@ -523,7 +529,8 @@ class Supervisor:
             if py_spy is None:
                 with open_private(target) as out:
                     out.write("py-spy is not installed (pip install py-spy): no stacks could be dumped\n")
-                self._append_marker(watch.attempt.log_path, "no progress; py-spy not installed, no stacks")
+                self._append_marker(watch.attempt.log_path, Text("no progress; py-spy not installed, no stacks",
+                                                                 "没有进展；未安装 py-spy，无法导出调用栈"))  # fmt: skip
                 return
             with open_private(target) as out:
                 for pid in sorted(watch.containment.pids() or watch.pids):
@@ -540,8 +547,9 @@ class Supervisor:
                         watch.containment.helpers.discard(dump.pid)
         except OSError:
             return  # a full state disk loses the stacks, not the restart
-        silent = f"no progress for {self.options.hang_timeout_s:g} s"
-        self._append_marker(watch.attempt.log_path, f"{silent}; stacks in {target}")
+        timeout = f"{self.options.hang_timeout_s:g}"
+        self._append_marker(watch.attempt.log_path, Text(f"no progress for {timeout} s; stacks in {target}",
+                                                         f"{timeout} 秒没有进展；调用栈见 {target}"))  # fmt: skip
 
     # ------------------------------------------------------------------ after a death
     def _count_lines(self, watch: _AttemptWatch, enough: int = STARTUP_LINES + 1) -> int:

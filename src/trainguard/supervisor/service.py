@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from trainguard import causes
+from trainguard._i18n import Text
 from trainguard._proc import ProcessRef
 from trainguard.causes import CAUSE_IDS, Retry
 from trainguard.errors import TrainguardError, UsageError
@@ -197,7 +198,8 @@ def supervise_run(
         if restart:
             if state not in TERMINAL_STATES:
                 raise UsageError(f"run {run.id} is still {run.state}", f"运行 {run.id} 仍在{run.state}")
-            registry.set_state(run.id, RunState.STARTING.value, reason="continued in place", data={"restart": True})
+            registry.set_state(run.id, RunState.STARTING.value, reason=Text("continued in place", "原地继续"),
+                               data={"restart": True})  # fmt: skip
             run.state = RunState.STARTING.value
         supervisor = Supervisor(registry, run, job_options(run), _policy(run), lock=lock)
         supervisor.install_signal_handlers()
@@ -323,34 +325,36 @@ def unwatched(run: Run) -> bool:
     return RunState(run.state) not in TERMINAL_STATES and watched_by(run) is None
 
 
-def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> str:
+def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> Text:
     """Stop a run that has no supervisor, as its supervisor would: the stop signal to the job's group,
     the grace period, then SIGKILL to everything left. Returns what really happened."""
     held = run_lock.SupervisorLock.acquire(run.run_dir, run.id)
     try:
         run = registry.get(run.id) or run
         if RunState(run.state) in TERMINAL_STATES:
-            return f"run {run.id} had already ended ({run.state})"
+            return Text(f"it had already ended ({run.state})", f"它已经结束（{run.state}）")
         last = run.attempts[-1] if run.attempts and run.attempts[-1].ended_at is None else None
         job = ProcessRef(last.pid, last.pid_start) if last and last.pid else None
         containment = Containment.from_record(last.containment if last else None, job)
         if job is None or (not job.alive() and not containment.pids()):
-            what = "nothing was running: the job had already ended unwatched"
+            what = Text("nothing was running: the job had already ended unwatched", "没有在运行的进程：作业已在无人监督时结束")
         else:
             stop_signal = int(run.options.get("stop_signal", 15))
             started = time.monotonic()
             in_time = stop_gracefully(containment, stop_signal, grace_s, job_exited=lambda: not job.alive())
             took = time.monotonic() - started
             what = (
-                f"the job ended {took:.1f} s after the stop signal"
+                Text(f"the job ended {took:.1f} s after the stop signal", f"作业在停止信号后 {took:.1f} 秒结束")
                 if in_time
-                else f"the job did not end within the {grace_s:g} s grace period and was killed"
+                else Text(f"the job did not end within the {grace_s:g} s grace period and was killed",
+                          f"作业在 {grace_s:g} 秒宽限期内没有结束，已被强制杀死")
             )
         containment.remove()
         if last is not None:
             last.ended_at = time.time()
             registry.end_attempt(run.id, last)
-        registry.set_state(run.id, RunState.STOPPED.value, reason=f"stopped on request without a supervisor: {what}")
+        reason = Text(f"stopped on request without a supervisor: {what.en}", f"在没有监督进程时按请求停止：{what.zh}")
+        registry.set_state(run.id, RunState.STOPPED.value, reason=reason)
         return what
     finally:
         held.release()

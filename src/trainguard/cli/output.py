@@ -1,0 +1,40 @@
+"""Where the commands' rich output goes: a terminal gets colour and its width; a pipe or a file gets
+plain lines, never cut at 80 columns and never padded with trailing spaces (scripts read them)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+
+class _TrimmedLines:
+    """A file that writes each line without its trailing spaces (rich pads table cells)."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            self._target.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._target.write(self._pending.rstrip(" "))
+            self._pending = ""
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def console(**options: Any):  # noqa: ANN201 - a rich Console, imported lazily
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console(highlight=False, **options)
+    return Console(highlight=False, file=_TrimmedLines(sys.stdout), width=1 << 16, color_system=None,
+                   soft_wrap=True, **options)  # fmt: skip
