@@ -7,9 +7,8 @@ import os
 
 import click
 
-from trainguard.cli import output
-
 from trainguard._i18n import LANGUAGES, choose_language
+from trainguard.cli import output
 from trainguard.doctor.checks import CHECKS, CheckResult, Status, run_checks
 from trainguard.errors import UsageError
 from trainguard.paths import state_dir

@@ -31,7 +31,7 @@ class _TrimmedLines:
         return False
 
 
-def console(**options: Any):  # noqa: ANN201 - a rich Console, imported lazily
+def console(**options: Any):
     from rich.console import Console
 
     if sys.stdout.isatty():
