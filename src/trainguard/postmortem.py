@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any
 
 from trainguard import causes
+from trainguard._i18n import Text
 from trainguard.diagnosis import ranks
 from trainguard.diagnosis.classify import Diagnosis, classify
 from trainguard.diagnosis.evidence import (
@@ -93,7 +94,8 @@ def sigkill_without_oom_is_killed(observations: list[Observation]) -> list[Obser
     )
     if oom_recorded:
         return observations
-    note = "a readable kernel log holds no OOM kill of the job: the SIGKILL came from outside"
+    note = Text("a readable kernel log holds no OOM kill of the job: the SIGKILL came from outside",
+                "内核日志可读，且没有作业被 OOM 杀死的记录：SIGKILL 来自外部")
     return [replace(o, cause="killed", note=o.note or note) if o.sigkill else o for o in observations]
 
 
@@ -125,12 +127,12 @@ def first_failure(
     return found
 
 
-def _evidence_json(obs: Observation) -> dict[str, Any]:
+def _evidence_json(obs: Observation, lang: str) -> dict[str, Any]:
     item: dict[str, Any] = {"source": obs.source, "line": obs.line, "text": obs.text}
     if obs.file is not None:
         item["file"] = obs.file
     if obs.note is not None:
-        item["note"] = obs.note
+        item["note"] = obs.note.pick(lang)
     return item
 
 
@@ -140,7 +142,7 @@ def diagnosis_dict(diagnosis: Diagnosis, lang: str, first: dict[str, Any] | None
         "cause": diagnosis.cause,
         "confidence": diagnosis.confidence,
         "title": cause.title_in(lang),
-        "evidence": [_evidence_json(o) for o in diagnosis.evidence],
+        "evidence": [_evidence_json(o, lang) for o in diagnosis.evidence],
         "fixes": list(cause.fixes_in(lang)),
         "alternatives": [{"cause": c, "confidence": conf} for c, conf in diagnosis.alternatives],
     }

@@ -81,7 +81,7 @@ def test_xid_79_in_the_kernel_log_names_gpu_hardware_with_its_meaning() -> None:
     ]
     result = diagnose("RuntimeError: CUDA error: unknown error\n", kernel_lines=kernel)
     assert result.cause == "gpu_hardware"
-    assert any(e.note and "fallen off the bus" in e.note for e in result.evidence)
+    assert any(e.note and "fallen off the bus" in e.note.en for e in result.evidence)
 
 
 def test_exit_status_alone_decides_when_the_log_is_silent() -> None:
@@ -210,7 +210,7 @@ def test_xid_45_beside_xid_79_reads_as_79() -> None:
     kernel = [KernelLine("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", 1.0),
               KernelLine("NVRM: Xid (PCI:0000:3b:00): 45, pid=4242, name=python, Ch 00000010", 1.1)]  # fmt: skip
     d = _judge("RuntimeError: CUDA error: unspecified launch failure\n", kernel_lines=kernel, kernel_readable=True).diagnosis
-    assert d.cause == "gpu_hardware" and any("Xid 79" in (e.note or "") for e in d.evidence)
+    assert d.cause == "gpu_hardware" and any(e.note and "Xid 79" in e.note.en for e in d.evidence)
 
 
 def test_a_slurm_cancel_without_a_reason_is_a_hesitant_preemption() -> None:

@@ -58,8 +58,8 @@ def test_xid_lines_from_a_real_capture_carry_their_meaning() -> None:
     observations = observations_from_kernel(parse_kernel_log(capture, now=NOW), default_table().signatures)
     xids = [o for o in observations if o.rule == "nvrm_xid"]
     assert [o.line for o in xids] == [1, 2, 3]
-    assert xids[0].note.startswith("Xid 13: Graphics Engine Exception")
+    assert xids[0].note.en.startswith("Xid 13: Graphics Engine Exception")
     assert xids[0].cause == "cuda_illegal_access"
-    assert xids[2].note.startswith("Xid 79: GPU has fallen off the bus")
+    assert xids[2].note.en.startswith("Xid 79: GPU has fallen off the bus")
     assert xids[2].cause == "gpu_hardware"
     assert 4 not in {o.line for o in observations}

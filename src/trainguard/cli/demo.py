@@ -34,13 +34,17 @@ def demo(as_json: bool, only: str | None, lang: str | None) -> int:
     else:
         console = output.console()
         for scenario in chosen:
-            with console.status(f"[bold]{scenario.name}[/]: {scenario.title} …"):
+            with console.status(f"[bold]{scenario.name}[/]: {scenario.title.pick(lang)} …"):
                 outcome = run_scenario(scenario)
             outcomes.append(outcome)
-            mark = (
-                "[dim]skipped[/]" if outcome.skipped else ("[green]ok[/]" if outcome.passed else "[bold red]FAILED[/]")
-            )
-            console.print(f"{mark}  {scenario.name}: {scenario.title}")
+            zh = lang == "zh"
+            if outcome.skipped:
+                mark = "[dim]跳过[/]" if zh else "[dim]skipped[/]"
+            elif outcome.passed:
+                mark = "[green]通过[/]" if zh else "[green]ok[/]"
+            else:
+                mark = "[bold red]失败[/]" if zh else "[bold red]FAILED[/]"
+            console.print(f"{mark}  {scenario.name}: {scenario.title.pick(lang)}")
         _table(console, outcomes, lang)
         console.file.flush()
     ran = [o for o in outcomes if not o.skipped]
@@ -57,7 +61,8 @@ def _table(console, outcomes, lang: str) -> None:
     table = Table(*headers, title="trainguard demo")
     for o in outcomes:
         if o.skipped:
-            table.add_row(o.name, "-", f"[dim]{'跳过' if zh else 'skipped'}: {o.skipped}[/]", "", "", "", "", "")
+            why = (o.skipped_zh or o.skipped) if zh else o.skipped
+            table.add_row(o.name, "-", f"[dim]{'跳过' if zh else 'skipped'}: {why}[/]", "", "", "", "", "")
             continue
         real = ("真实" if o.real else "回放") if zh else ("real" if o.real else "replayed")
         cause = o.cause or ("未中断" if zh else "survived")

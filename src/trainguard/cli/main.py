@@ -51,6 +51,21 @@ def _require_separator(args: list[str]) -> None:
         )
 
 
+def _click_message_zh(exc: click.ClickException, message: str) -> str:
+    """Click speaks English: its errors in Chinese, with what it said quoted."""
+    if isinstance(exc, click.NoSuchOption):
+        maybe = f"（是否想用 {', '.join(exc.possibilities)}？）" if exc.possibilities else ""
+        return f"没有这个选项：{exc.option_name}{maybe}"
+    if isinstance(exc, click.MissingParameter):
+        name = exc.param.human_readable_name if exc.param is not None else ""
+        return f"缺少参数：{name}"
+    if isinstance(exc, click.BadParameter):
+        return f"参数值无效：「{message}」"
+    if isinstance(exc, click.UsageError):
+        return f"用法错误：「{message}」"
+    return f"「{message}」"
+
+
 def _fail(message: str, code: int) -> int:
     click.echo(f"trainguard: {message}", err=True)
     return code
@@ -69,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         return 2
     except click.ClickException as exc:
-        return _fail(exc.format_message().replace("\n", " "), exc.exit_code)
+        message = exc.format_message().replace("\n", " ")
+        return _fail(_click_message_zh(exc, message) if lang == "zh" else message, exc.exit_code)
     except click.exceptions.Abort:
         return _fail("interrupted" if lang == "en" else "已中断", 130)
     except click.exceptions.Exit as exc:

@@ -49,10 +49,12 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _where(obs: Observation) -> str:
+def _where(obs: Observation, lang: str) -> str:
     if obs.source == "exit":
-        return "exit"
+        return "退出" if lang == "zh" else "exit"
     place = obs.source if obs.file is None else obs.file
+    if lang == "zh" and obs.file is None:
+        place = {"log": "日志", "kernel": "内核", "telemetry": "监测"}.get(place, place)
     return f"{place}:{obs.line}" if obs.line is not None else place
 
 
@@ -83,11 +85,14 @@ def print_diagnosis(report: Report, lang: str) -> None:
         table.add_column(style="cyan", no_wrap=True)
         table.add_column(overflow="fold")
         for obs in diagnosis.evidence:
+            if obs.source == "exit" and obs.note:  # trainguard's own words: in the reader's language
+                table.add_row(_where(obs, lang), escape(obs.note.pick(lang)))
+                continue
             shown = obs.text if len(obs.text) <= _SHOWN_TEXT else obs.text[:_SHOWN_TEXT] + "…"
             text = escape(shown)
             if obs.note:
-                text += f"\n[dim]{escape(obs.note)}[/]"
-            table.add_row(_where(obs), text)
+                text += f"\n[dim]{escape(obs.note.pick(lang))}[/]"
+            table.add_row(_where(obs, lang), text)
         console.print(table)
     else:
         console.print(f"  [dim]{labels['none']}[/]")

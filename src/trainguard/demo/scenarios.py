@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainguard._i18n import Text
+
 TOY = [sys.executable, "-m", "trainguard.demo.toyjob"]
 STEPS = 24
 FAULT_STEP = 12
@@ -35,9 +37,12 @@ class Outcome:
     steps_lost: int | None = None
     seconds: float = 0.0
     passed: bool = False
+    skipped_zh: str | None = None  # why it was skipped, for a person who reads Chinese
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        found = asdict(self)
+        del found["skipped_zh"]  # the JSON contract (DESIGN section 5) has one "skipped" reason
+        return found
 
 
 class Sandbox:
@@ -61,32 +66,32 @@ class Sandbox:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _why_not_root() -> str | None:
-    return None if os.geteuid() == 0 else "needs root"
+def _why_not_root() -> Text | None:
+    return None if os.geteuid() == 0 else Text("needs root", "需要 root 权限")
 
 
-def _memory_cgroup_reason() -> str | None:
+def _memory_cgroup_reason() -> Text | None:
     if os.geteuid() != 0:
-        return "needs root (a memory cgroup)"
+        return Text("needs root (a memory cgroup)", "需要 root 权限（内存 cgroup）")
     from trainguard.errors import UsageError
     from trainguard.probes import cgroups
 
     try:
         cgroups.create(f"trainguard-demo-check-{os.getpid()}", 1 << 30).remove()
     except UsageError as exc:
-        return exc.message_en
+        return Text(exc.message_en, exc.message_zh)
     return None
 
 
-def _namespace_reason() -> str | None:
+def _namespace_reason() -> Text | None:
     if os.geteuid() != 0:
-        return "needs root (a private mount namespace)"
+        return Text("needs root (a private mount namespace)", "需要 root 权限（私有挂载命名空间）")
     if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
+        return Text("unshare (util-linux) is not installed", "未安装 unshare（util-linux）")
     try:
         import torch  # noqa: F401
     except ImportError:
-        return "needs torch for the DataLoader (pip install torch)"
+        return Text("needs torch for the DataLoader (pip install torch)", "DataLoader 需要 torch（pip install torch）")
     return None
 
 
@@ -188,10 +193,10 @@ def cuda_oom(sandbox: Sandbox, outcome: Outcome) -> Outcome:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    title: str
+    title: Text
     expected_cause: str | None
     run: Callable[[Sandbox, Outcome], Outcome]
-    why_not: Callable[[], str | None] = lambda: None
+    why_not: Callable[[], Text | None] = lambda: None
     real: Callable[[], bool] = lambda: True
 
 
@@ -200,24 +205,26 @@ def _has_gpu() -> bool:
 
 
 SCENARIOS = [
-    Scenario("terminal_closed", "the terminal closes under the job", None, terminal_closed),
-    Scenario("host_oom", "host memory runs out (memory cgroup)", "host_oom", host_oom, _memory_cgroup_reason),
-    Scenario(
-        "shm_exhausted", "/dev/shm too small for DataLoader workers", "shm_exhausted", shm_too_small, _namespace_reason
-    ),
-    Scenario("preempted", "preemption: SIGTERM, then the grace period", "preempted", preempted),
-    Scenario("hang", "the job hangs", "hang", hang),
-    Scenario("disk_full", "the checkpoint disk fills", "disk_full", disk_full, _why_not_root),
-    Scenario("python_error", "a bug in the training code", "python_error", python_error),
-    Scenario("cuda_oom", "CUDA out of memory (replayed log: no GPU here)", "cuda_oom", cuda_oom, real=_has_gpu),
-]
+    Scenario("terminal_closed", Text("the terminal closes under the job", "终端在作业运行时关闭"), None, terminal_closed),
+    Scenario("host_oom", Text("host memory runs out (memory cgroup)", "主机内存耗尽（内存 cgroup）"), "host_oom", host_oom,
+             _memory_cgroup_reason),
+    Scenario("shm_exhausted", Text("/dev/shm too small for DataLoader workers", "/dev/shm 对 DataLoader worker 来说太小"),
+             "shm_exhausted", shm_too_small, _namespace_reason),
+    Scenario("preempted", Text("preemption: SIGTERM, then the grace period", "抢占：SIGTERM，然后是宽限期"), "preempted",
+             preempted),
+    Scenario("hang", Text("the job hangs", "作业卡住"), "hang", hang),
+    Scenario("disk_full", Text("the checkpoint disk fills", "检查点磁盘写满"), "disk_full", disk_full, _why_not_root),
+    Scenario("python_error", Text("a bug in the training code", "训练代码中的 bug"), "python_error", python_error),
+    Scenario("cuda_oom", Text("CUDA out of memory (replayed log: no GPU here)", "CUDA 显存不足（回放日志：本机没有 GPU）"),
+             "cuda_oom", cuda_oom, real=_has_gpu),
+]  # fmt: skip
 
 
 def run_scenario(scenario: Scenario) -> Outcome:
     outcome = Outcome(scenario.name, scenario.real(), None, scenario.expected_cause)
     reason = scenario.why_not()
     if reason:
-        outcome.skipped = reason
+        outcome.skipped, outcome.skipped_zh = reason
         return outcome
     sandbox = Sandbox()
     started = time.monotonic()

@@ -10,6 +10,7 @@ import signal as _signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from trainguard._i18n import Text
 from trainguard.diagnosis.scan import LineMatch, clean_text
 from trainguard.diagnosis.signatures import XID_CAUSE, ExitRule, Role, Signature, lookup_xid
 
@@ -24,7 +25,7 @@ class Observation:
     text: str
     line: int | None = None
     file: str | None = None
-    note: str | None = None  # what the line means, when the line alone does not say (Xid codes)
+    note: Text | None = None  # what the line means, when the line alone does not say (Xid codes)
     order: tuple[int, int] = (0, 0)  # (file index, line): earlier is closer to the root cause
     sigkill: bool = False  # says that a process died of SIGKILL (whoever sent it)
 
@@ -68,6 +69,11 @@ class ExitStatus:
             return f"killed by signal {self.signal} ({self.signal_name}), exit status {128 + self.signal}"
         return f"exit code {self.code}"
 
+    def describe_zh(self) -> str:
+        if self.signal is not None:
+            return f"被信号 {self.signal}（{self.signal_name}）终止，退出状态 {128 + self.signal}"
+        return f"退出码 {self.code}"
+
 
 def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule]) -> list[Observation]:
     if status is None:
@@ -85,6 +91,7 @@ def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule])
                     role=rule.role,
                     rule=f"exit:{rule.signal or rule.code}",
                     text=status.describe(),
+                    note=Text(status.describe(), status.describe_zh()),
                     order=(1 << 30, 0),
                     sigkill=rule.sigkill,
                 )
@@ -97,10 +104,10 @@ def _cause_and_weight(signature: Signature, groups: dict[str, str]) -> tuple[str
     if signature.cause != XID_CAUSE:
         return signature.cause, signature.weight, None
     info = lookup_xid(int(groups["xid"]))
-    note = f"Xid {info.xid}: {info.name}"
-    if info.action:
-        note += f" — {info.action}"
-    return info.cause, info.weight, note
+    en, zh = f"Xid {info.xid}: {info.name}", f"Xid {info.xid}：「{info.name}」"
+    if info.action:  # NVIDIA's catalogue is in English: quoted as it says it
+        en, zh = f"{en} — {info.action}", f"{zh}；NVIDIA 的建议：「{info.action}」"
+    return info.cause, info.weight, Text(en, zh)
 
 
 def observations_from_log(
@@ -117,7 +124,9 @@ def observations_from_log(
         context = _context_for(match, contexts)
         if context is not None:
             cause = context.signature.cause
-            note = f"read as {cause}: line {context.line} shows where it happened ({context.text[:120]})"
+            where = context.text[:120]
+            note = Text(f"read as {cause}: line {context.line} shows where it happened ({where})",
+                        f"按第 {context.line} 行所示的位置判为 {cause}（「{where}」）")  # fmt: skip
         readings = [(cause, weight), *([] if context else signature.also)]
         for reading_cause, reading_weight in readings:
             found.append(
@@ -198,16 +207,17 @@ def observations_from_kernel(
             linked_to_job = pid is not None and int(pid) in linked
             if linked_to_job:
                 weight = max(weight, LINKED_WEIGHT)
-                note = f"names the job's process {pid}"
+                note = Text(f"names the job's process {pid}", f"记录中的进程 {pid} 是作业的进程")
             elif job_pids and (pid is not None or cause == "host_oom"):
                 # About another process, or an OOM line that names no process (a cgroup summary,
                 # "invoked oom-killer"): the record that names the job's process would speak for it.
                 weight *= OTHER_PROCESS_FACTOR
-                note = f"process {pid} is not one of the job's" if pid else note
+                note = Text(f"process {pid} is not one of the job's", f"进程 {pid} 不是作业的进程") if pid else note
             elif pid is not None or cause == "host_oom":
                 weight = min(weight * UNLINKED_FACTOR, UNLINKED_CAP)
                 role, rule = Role.CASCADE, f"kernel:unlinked:{cause}"
-                note = note or "the kernel log does not say that this process was the job's"
+                note = note or Text("the kernel log does not say that this process was the job's",
+                                    "内核日志没有说明这个进程属于作业")  # fmt: skip
             if weight <= 0:
                 continue
             found.append(
