@@ -62,7 +62,7 @@ def test_chinese_by_flag_and_by_lang(tmp_path: Path) -> None:
     log.write_text(OOM_LINE)
     by_flag = json.loads(run(str(log), "--json", "--lang", "zh").stdout)
     by_env = json.loads(run(str(log), "--json", env={"LANG": "zh_CN.UTF-8"}).stdout)
-    assert by_flag["title"] == by_env["title"] == "GPU 显存不足（CUDA out of memory）"
+    assert by_flag["title"] == by_env["title"] == "GPU 显存不足（「CUDA out of memory」）"
     human = run(str(log), env={"LANG": "zh_CN.UTF-8"}).stdout.decode()
     assert "证据" in human and "怎么办" in human
 
