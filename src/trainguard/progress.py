@@ -11,7 +11,7 @@ stop are written at once.
 Fields (all optional): ``step`` and ``step_time`` (the newest step reached, wall time), ``first_step``
 and ``first_step_time`` (the first step of this attempt: when it was training again),
 ``resumed_step``, ``stop_signal`` and ``stop_time`` (a SIGTERM/SIGUSR1 made the job save and stop),
-``pid``, ``rank``.
+``checkpoint_dir`` (the folder the job's checkpoints really go to), ``pid``, ``rank``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ def report_resumed(step: int) -> None:
     """The job loaded the checkpoint of ``step`` and continues after it."""
     _record["resumed_step"] = step
     _write(time.time())
+
+
+def report_checkpoint_dir(path: str) -> None:
+    """Where the job really keeps its checkpoints (a folder given to ``Checkpointer`` wins over
+    TRAINGUARD_CHECKPOINT_DIR): the supervisor resumes and reports from there."""
+    if _record.get("checkpoint_dir") != path:
+        _record["checkpoint_dir"] = path
+        _write(time.time())
 
 
 def report_stop(signal_number: int, step: int | None = None) -> None:

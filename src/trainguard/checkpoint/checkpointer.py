@@ -282,6 +282,7 @@ class Checkpointer:
             raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}") from exc
         for removed in clean_stale(self.directory):
             log.info("removed %s, left by a save that was killed", removed.name)
+        progress.report_checkpoint_dir(str(self.directory.resolve()))
         newest = complete_checkpoints(self.directory)
         if newest:
             self._last_size = sum(p.stat().st_size for p in newest[0].iterdir())

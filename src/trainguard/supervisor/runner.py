@@ -10,6 +10,7 @@ only record; the loop acts on them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import select
 import shutil
@@ -381,6 +382,7 @@ class Supervisor:
             attempt.exit_code = status.code if status else None
             attempt.signal = status.signal if status else None
             attempt.progress = progress.read(self._progress_file(attempt.n)) or attempt.progress
+            self._learn_checkpoint_dir(attempt.progress or {})
             latest = self._newest_checkpoint()
             new_checkpoint = latest not in (None, attempt.resumed_from)
             new_lines = self._count_lines(watch)
@@ -503,11 +505,22 @@ class Supervisor:
             watch.last_log_size = size
             watch.last_checkpoint = latest
             watch.last_progress_mono = now
+        self._learn_checkpoint_dir(reported)
         if reported and step_moved:
             watch.attempt.progress = reported
             if now - watch.last_progress_saved >= PROGRESS_SAVE_S:
                 watch.last_progress_saved = now
                 self.journal.save_progress(watch.attempt)
+
+    def _learn_checkpoint_dir(self, reported: dict) -> None:
+        """The job keeps its checkpoints elsewhere than TRAINGUARD_CHECKPOINT_DIR (it gave its own
+        folder to Checkpointer): resume and report from where they really are."""
+        folder = reported.get("checkpoint_dir")
+        if not folder or folder == self.options.checkpoint_dir or self.options.checkpoint_glob:
+            return
+        self.journal.event("checkpoint_dir_learned", {"from": self.options.checkpoint_dir, "to": folder})
+        self.options = dataclasses.replace(self.options, checkpoint_dir=folder)
+        self.journal.update(options={**self.run.options, "checkpoint_dir": folder})
 
     def _stop_job(self, watch: _AttemptWatch, grace_s: float) -> int:
         if watch.containment.job is None:
