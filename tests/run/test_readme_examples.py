@@ -56,8 +56,8 @@ def readme_commands(path: Path) -> list[str]:
     for lang, block in re.findall(r"```(\w*)\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
         if lang not in ("bash", "sh", ""):
             continue
-        for line in block.splitlines():
-            line = re.split(r"\s{2,}#", line)[0].strip()
+        for raw in block.splitlines():
+            line = re.split(r"\s{2,}#", raw)[0].strip()
             if line and not line.startswith("#"):
                 commands.append(line)
     return commands
