@@ -161,4 +161,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainguard._script import run_script
+
+    run_script(main)

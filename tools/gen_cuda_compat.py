@@ -55,4 +55,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    from trainguard._script import run_script
+
+    run_script(lambda: main(sys.argv))

@@ -20,6 +20,12 @@ import traceback
 
 
 def main() -> int:
+    from trainguard._script import ScriptError
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ScriptError("no CUDA GPU here: this script checks the GPU paths on a machine with one")
     report: dict = {}
     doctor = subprocess.run(
         [sys.executable, "-m", "trainguard", "doctor", "--json"], capture_output=True, text=True, check=False
@@ -76,4 +82,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainguard._script import run_script
+
+    run_script(main)

@@ -126,4 +126,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainguard._script import run_script
+
+    run_script(main)
