@@ -20,9 +20,9 @@ import traceback
 
 
 def main() -> int:
-    from trainguard._script import ScriptError
-
     import torch
+
+    from trainguard._script import ScriptError
 
     if not torch.cuda.is_available():
         raise ScriptError("no CUDA GPU here: this script checks the GPU paths on a machine with one")
