@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import trainguard_cmd
@@ -178,3 +179,11 @@ def test_readable_but_odd_logs_get_a_diagnosis(tmp_path: Path) -> None:
     nul_tail = tmp_path / "crashed.log"
     nul_tail.write_bytes(b"step 1\n" * 20_000 + OOM_LINE.encode() + b"\x00" * 4096)
     assert json.loads(run(str(nul_tail), "--json").stdout)["cause"] == "cuda_oom"
+
+
+def test_a_reader_that_leaves_early_is_not_an_error() -> None:
+    """`trainguard diagnose LOG | head`: the pipe closes before the output ends; exit 0, no noise."""
+    for command in ("diagnose --example", "doctor --only swap,shm_size"):
+        done = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m trainguard {command} | head -c 10"],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0 and done.stderr == "", (command, done.returncode, done.stderr)

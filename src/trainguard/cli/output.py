@@ -3,6 +3,7 @@ plain lines, never cut at 80 columns and never padded with trailing spaces (scri
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
@@ -34,7 +35,14 @@ class _TrimmedLines:
 def console(**options: Any):
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # `trainguard diagnose LOG | head`: the reader left, which is not an error (rich exits 1).
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise SystemExit(0)
+
     if sys.stdout.isatty():
-        return Console(highlight=False, **options)
-    return Console(highlight=False, file=_TrimmedLines(sys.stdout), width=1 << 16, color_system=None,
-                   soft_wrap=True, **options)  # fmt: skip
+        return _Console(highlight=False, **options)
+    return _Console(highlight=False, file=_TrimmedLines(sys.stdout), width=1 << 16, color_system=None,
+                    soft_wrap=True, **options)  # fmt: skip
