@@ -45,6 +45,8 @@ class ExitStatus:
     def from_number(cls, value: int) -> ExitStatus:
         """Read an exit status as people and tools print it: -N (Python's subprocess) and 128+N
         (shells, Docker, Kubernetes) are death by signal N; 0..128 are exit codes."""
+        if _is_ntstatus(value):  # Windows: 0xC0000005 (access violation) and friends, printed either way
+            return cls(code=value & 0xFFFFFFFF)
         if value < 0:
             if -value > _MAX_SIGNAL:
                 raise ValueError(f"{value} is not a signal number")
@@ -65,14 +67,23 @@ class ExitStatus:
             return f"SIG{self.signal}"
 
     def describe(self) -> str:
+        if self.code is not None and self.code > 255:
+            return f"exit code {self.code:#010x}"
         if self.signal is not None:
             return f"killed by signal {self.signal} ({self.signal_name}), exit status {128 + self.signal}"
         return f"exit code {self.code}"
 
     def describe_zh(self) -> str:
+        if self.code is not None and self.code > 255:
+            return f"退出码 {self.code:#010x}"
         if self.signal is not None:
             return f"被信号 {self.signal}（{self.signal_name}）终止，退出状态 {128 + self.signal}"
         return f"退出码 {self.code}"
+
+
+def _is_ntstatus(value: int) -> bool:
+    """A Windows NTSTATUS error (0xC0000000 and up), as an unsigned or a signed 32-bit number."""
+    return 0xC0000000 <= value <= 0xFFFFFFFF or -(1 << 30) <= value < -_MAX_SIGNAL
 
 
 def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule]) -> list[Observation]:
@@ -103,7 +114,8 @@ def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule])
 def _cause_and_weight(signature: Signature, groups: dict[str, str]) -> tuple[str, float, str | None]:
     if signature.cause != XID_CAUSE:
         return signature.cause, signature.weight, None
-    info = lookup_xid(int(groups["xid"]))
+    # An Xid 45 that says what caused it is that Xid's consequence: read it as the Xid it names.
+    info = lookup_xid(int(groups.get("previous") or groups["xid"]))
     en, zh = f"Xid {info.xid}: {info.name}", f"Xid {info.xid}：「{info.name}」"
     if info.action:  # NVIDIA's catalogue is in English: quoted as it says it
         en, zh = f"{en} — {info.action}", f"{zh}；NVIDIA 的建议：「{info.action}」"
