@@ -114,6 +114,8 @@ def test_exit_status_numbers_follow_shell_and_python_conventions() -> None:
     assert ExitStatus.from_number(-9).signal_name == "SIGKILL"
     assert ExitStatus.from_number(1).code == 1
     assert ExitStatus.from_number(128).code == 128
+    # Windows prints its access violation (0xC0000005) unsigned or as a signed 32-bit number
+    assert ExitStatus.from_number(3221225477).code == ExitStatus.from_number(-1073741819).code == 0xC0000005
     for bad in (-65, 256, 1000):
         try:
             ExitStatus.from_number(bad)

@@ -109,7 +109,7 @@ def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "no such file" in missing and "no run has that name" in missing
     dangling = tmp_path / "dangling.log"
     dangling.symlink_to(tmp_path / "gone.log")
-    assert "No such file" in one_line_error(run(str(dangling)))
+    assert "no such file" in one_line_error(run(str(dangling))).lower()
     assert "is a directory" in one_line_error(run(str(tmp_path)))
     model = tmp_path / "model.bin"
     model.write_bytes(bytes(range(256)) * 400)

@@ -82,8 +82,8 @@ class ExitStatus:
 
 
 def _is_ntstatus(value: int) -> bool:
-    """A Windows NTSTATUS error (0xC0000000 and up), as an unsigned or a signed 32-bit number."""
-    return 0xC0000000 <= value <= 0xFFFFFFFF or -(1 << 30) <= value < -_MAX_SIGNAL
+    """A Windows NTSTATUS error (0xC0000000 to 0xCFFFFFFF), as an unsigned or a signed 32-bit number."""
+    return 0xC0000000 <= value < 0xD0000000 or -(1 << 30) <= value < -(1 << 30) + (1 << 28)
 
 
 def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule]) -> list[Observation]:
