@@ -18,7 +18,7 @@ def cli() -> None:
     """trainguard keeps GPU training jobs alive.
 
     \b
-    trainguard demo              the whole story on a toy job with real faults (a minute)
+    trainguard demo              the whole story on a toy job with real faults (about 30 s)
     trainguard run -- CMD        run a job detached, watched, restarted and resumed
     trainguard ps / status RUN   runs, their attempts and causes of death
     trainguard logs RUN [-f]     a run's output
