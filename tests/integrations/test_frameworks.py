@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real.runs import status, tg, wait_for
 from trainguard.checkpoint import layouts
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
@@ -61,27 +61,6 @@ FRAMEWORKS = [
 def needs(framework: Framework) -> None:
     if importlib.util.find_spec(framework.module) is None:
         pytest.skip(f"{framework.module} is not installed (pip install -e '.[frameworks]'; .ci/run does)")
-
-
-def tg(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainguard", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, **kwargs)  # fmt: skip
-
-
-def status(ref: str) -> dict:
-    done = tg("status", ref, "--json")
-    assert done.returncode in (0, 1), done.stderr
-    return json.loads(done.stdout)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def attempt_log(run_id: str, n: int) -> str:

@@ -45,23 +45,6 @@ HANGS_ONCE = """
         time.sleep(0.2)
 """
 
-OOM_ONCE = """
-    import os
-    from trainguard import Checkpointer
-    ckpt = Checkpointer(every=None, every_steps=1)
-    state = ckpt.load_latest()
-    start = state["step"] + 1 if state else 0
-    for step in range(start, 12):
-        ckpt.maybe_save(step, {"step": step})
-        ckpt.wait()
-        print("step", step, flush=True)
-        if step == 5 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
-            hog = []
-            while True:
-                hog.append(bytearray(16 * 1024 * 1024))
-"""
-
-
 def example_config(folder: Path) -> Path:
     """monitoring/prometheus.yml as a user would deploy it, next to the rules and node list, with a
     1 s scrape and rule interval, no Alertmanager, and a second job for runs' own metrics ports."""
@@ -162,7 +145,7 @@ def world(prometheus: Prometheus, tmp_path_factory: pytest.TempPathFactory) -> I
         if reason := faults.why_no_memory_cgroup():
             world.skipped["ooms-once"] = reason
         else:
-            oom = _job(folder, "oom.py", OOM_ONCE)
+            oom = _job(folder, "oom.py", faults.OOM_ONCE_JOB)
             with faults.memory_cgroup(160 * MIB) as procs:
                 done = subprocess.run(
                     ["bash", "-c", f'echo $$ > {procs}; exec "{sys.executable}" -m trainguard run --foreground '

@@ -31,6 +31,26 @@ for step, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2)):
 """
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
+# Checkpoints every step and, in its first attempt only, eats memory from step 5 until a memory limit
+# kills it: the next attempt resumes from step 5 and finishes at step 11.
+OOM_ONCE_JOB = """
+    import os
+    from trainguard import Checkpointer
+    ckpt = Checkpointer(every=None, every_steps=1)
+    state = ckpt.load_latest()
+    start = state["step"] + 1 if state else 0
+    print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "resume", os.environ.get("TRAINGUARD_RESUME_FROM"), flush=True)
+    for step in range(start, 12):
+        ckpt.maybe_save(step, {"step": step})
+        ckpt.wait()
+        print("step", step, flush=True)
+        if step == 5 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
+            hog = []
+            while True:
+                hog.append(bytearray(16 * 1024 * 1024))
+    print("finished", flush=True)
+"""
+
 
 def why_no_root() -> str | None:
     return None if os.geteuid() == 0 else "needs root"

@@ -138,27 +138,7 @@ def test_a_cgroup_oom_kill_is_host_oom_and_the_next_attempt_resumes_from_the_che
 ) -> None:
     if reason := faults.why_no_memory_cgroup():
         pytest.skip(reason)
-    job = script(
-        tmp_path,
-        "train.py",
-        """
-        import os
-        from trainguard import Checkpointer
-        ckpt = Checkpointer(every=None, every_steps=1)
-        state = ckpt.load_latest()
-        start = state["step"] + 1 if state else 0
-        print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "resume", os.environ.get("TRAINGUARD_RESUME_FROM"), flush=True)
-        for step in range(start, 12):
-            ckpt.maybe_save(step, {"step": step})
-            ckpt.wait()
-            print("step", step, flush=True)
-            if step == 5 and os.environ["TRAINGUARD_ATTEMPT"] == "1":
-                hog = []
-                while True:
-                    hog.append(bytearray(16 * 1024 * 1024))
-        print("finished", flush=True)
-    """,
-    )
+    job = script(tmp_path, "train.py", faults.OOM_ONCE_JOB)
     with faults.memory_cgroup(160 * 1024 * 1024) as procs:
         # The supervisor and its job run inside the limit, like a job in a container.
         done = subprocess.run(

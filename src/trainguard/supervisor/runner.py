@@ -590,15 +590,11 @@ class Supervisor:
             name = f"signal {signum}"
         step = (attempt.progress or {}).get("step")
         at_step = f" at step {step}" if step is not None else ""
-        return Observation(
-            source="telemetry",
-            cause="preempted",
-            weight=0.95,
-            role=Role.ROOT,
-            rule="progress:stopped_on_signal",
-            text=f"the job received {name}, saved{at_step} and stopped by itself (exit 0): it was asked to stop "
-            "from outside trainguard",
-        )
+        return _seen_by_the_supervisor(
+            "preempted", 0.95, "progress:stopped_on_signal",
+            f"the job received {name}, saved{at_step} and stopped by itself (exit 0): it was asked to stop from "
+            "outside trainguard",
+        )  # fmt: skip
 
     def _diagnose(
         self, watch: _AttemptWatch, status: ExitStatus | None, oom_kills: int, extra: list[Observation]
@@ -607,17 +603,10 @@ class Supervisor:
         extra = self.monitor.evidence(attempt.ended_at or time.time()) + extra
         if oom_kills:
             limit = (self.options.memory_limit or 0) / 1024**3
-            extra.append(
-                Observation(
-                    source="telemetry",
-                    cause="host_oom",
-                    weight=0.99,
-                    role=Role.ROOT,
-                    rule="cgroup:oom_kill",
-                    text=f"the kernel OOM-killed {oom_kills} process(es) in the job's memory cgroup "
-                    f"({limit:.2f} GiB limit)",
-                )
-            )
+            extra.append(_seen_by_the_supervisor(
+                "host_oom", 0.99, "cgroup:oom_kill",
+                f"the kernel OOM-killed {oom_kills} process(es) in the job's memory cgroup ({limit:.2f} GiB limit)",
+            ))  # fmt: skip
         report = attempt_report(
             watch.log_path,
             log_start=attempt.log_offset,
@@ -632,6 +621,11 @@ class Supervisor:
             kernel_tail=watch.kernel,
         )
         return diagnosis_dict(report.diagnosis, "en", report.first_failure)
+
+
+def _seen_by_the_supervisor(cause: str, weight: float, rule: str, text: str) -> Observation:
+    """Evidence the supervisor itself holds (its cgroup's OOM counter, the job's progress report)."""
+    return Observation(source="telemetry", cause=cause, weight=weight, role=Role.ROOT, rule=rule, text=text)
 
 
 def _descendants(pid: int) -> set[int]:
