@@ -134,8 +134,9 @@ def judge_ranks(
     for obs in observations:
         if obs.rank is not None:
             by_rank[obs.rank].append(obs)
+    lost_a_peer = {rank for rank, found in by_rank.items() if _only_lost_a_peer(found)}
     own_cause = {rank: classify(found).cause for rank, found in by_rank.items()}
-    candidates = {rank for rank, cause in own_cause.items() if cause not in NOT_THE_ROOT}
+    candidates = {rank for rank, cause in own_cause.items() if cause not in NOT_THE_ROOT and rank not in lost_a_peer}
     first = launch.first_failure
     root: int | None
     if launch.hung_ranks:
@@ -146,6 +147,12 @@ def judge_ranks(
         root = min(candidates, key=lambda rank: _earliest(by_rank[rank]))
     else:
         root = first.rank if first is not None else None
+    if not candidates and lost_a_peer and not launch.hung_ranks:
+        # Every rank here only lost a peer: the exceptions they raised wrap the lost connection, and
+        # the cause is on another node.
+        chosen = [_as_root(o) if o.cause == "peer_failure" else o for o in observations
+                  if o.rank not in lost_a_peer or o.cause == "peer_failure" or o.role is Role.ROOT]  # fmt: skip
+        return classify(chosen), None
     chosen = [o for o in observations if o.rank is None or o.rank == root] if root is not None else list(observations)
     diagnosis = classify(chosen)
     if root is None or diagnosis.cause == "peer_failure":
@@ -160,6 +167,18 @@ def judge_ranks(
     if 0 <= file_index < len(names) and names[file_index]:
         found["file"] = names[file_index]
     return diagnosis, found
+
+
+def _only_lost_a_peer(observations: Sequence[Observation]) -> bool:
+    """A rank whose lines say it lost a peer and name no root cause of its own (its exceptions and
+    tracebacks wrap the lost connection)."""
+    lost = any(o.cause == "peer_failure" and o.weight > 0 for o in observations)
+    own_root = any(o.role is Role.ROOT and o.cause != "peer_failure" and o.weight >= 0.5 for o in observations)
+    return lost and not own_root
+
+
+def _as_root(obs: Observation) -> Observation:
+    return replace(obs, role=Role.ROOT) if obs.role is Role.CASCADE else obs
 
 
 def _earliest_key(obs: Observation) -> tuple[float, tuple[int, int]]:

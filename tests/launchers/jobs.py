@@ -1,9 +1,10 @@
 """A small data-parallel training job for real launchers on CPU (gloo): every rank computes gradients
 on its own batch, the gradients are averaged (all_reduce), every rank saves its shard through
 ``Checkpointer`` and resumes from the step that is complete for every rank. Faults are injected on
-one rank of the first attempt: FAULT=raise|oom|hang|kill, FAULT_RANK, FAULT_STEP."""
+one rank of the first attempt: FAULT=raise|oom|hang|kill, FAULT_RANK (-1: any rank, for a fault set on
+one node only), FAULT_STEP. Each rank prints when its first step of an attempt is done (training again)."""
 
-TRAIN = r'''
+TRAIN = r"""
 import os, sys, time
 import torch
 import torch.distributed as dist
@@ -34,9 +35,11 @@ for step in range(start, total):
         dist.all_reduce(param.grad)
         param.grad /= world
     optim.step()
+    if step == start:
+        print(f"rank {rank} attempt {attempt} trains again at {time.time():.3f}", flush=True)
     print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
     ckpt.maybe_save(step, lambda: {"step": step, "model": model.state_dict(), "optim": optim.state_dict()})
-    if attempt == "1" and rank == fault_rank and step == fault_step:
+    if attempt == "1" and fault_rank in (rank, -1) and step == fault_step:
         if fault == "raise":
             raise ValueError(f"bad batch at step {step}")
         if fault == "oom":
@@ -53,4 +56,4 @@ ckpt.close()
 torch.save(model.state_dict(), os.path.join(os.environ["OUT_DIR"], f"final-rank{rank}.pt"))
 print(f"rank {rank} finished", flush=True)
 dist.destroy_process_group()
-'''
+"""

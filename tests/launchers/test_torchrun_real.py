@@ -50,7 +50,9 @@ def resumed_and_equal(info: dict, out: Path) -> int:
     step = int(Path(second["resumed_from"]).name.split("-")[1])
     assert step >= 4  # the fault came at step 12, after the saves of steps 4 and 9
     log = Path(second["log_path"]).read_text()
-    assert f"rank 0 attempt 2 starts at step {step + 1} " in log and f"rank 1 attempt 2 starts at step {step + 1} " in log
+    assert (
+        f"rank 0 attempt 2 starts at step {step + 1} " in log and f"rank 1 attempt 2 starts at step {step + 1} " in log
+    )
     assert info["state"] == "succeeded"
     zero, one = (torch.load(out / f"final-rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(zero[k], one[k]) for k in zero)

@@ -118,8 +118,10 @@ def _options(args: list[str], flags: set[str] | None) -> dict[str, str]:
             found[name] = value
         elif flags is not None and name in flags:
             found[name] = ""
-        elif index + 1 < len(args) and not args[index + 1].startswith("-") and (
-            flags is not None or not args[index + 1].endswith((".py", ".sh"))
+        elif (
+            index + 1 < len(args)
+            and not args[index + 1].startswith("-")
+            and (flags is not None or not args[index + 1].endswith((".py", ".sh")))
         ):
             found[name] = args[index + 1]
             index += 1

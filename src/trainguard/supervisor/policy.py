@@ -32,6 +32,7 @@ class Outcome:
     stopped_by_user: bool = False
     new_checkpoint: bool = False
     new_lines: int = 0
+    peers_missing: bool = False  # the other nodes of the job never joined this attempt's rendezvous
 
     @property
     def succeeded(self) -> bool:
@@ -60,6 +61,10 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
             return Decision(True, None, "exited 0; --restart always", policy.backoff_base_s)
         return Decision(False, "succeeded", "exited 0")
     cause_id = last.cause or "unknown"
+    if last.peers_missing:
+        # Restarting alone cannot help: the job needs its other nodes. The verdict (75) lets a
+        # scheduler start the whole job again.
+        return Decision(False, "failed", f"{cause_id}: the other nodes did not join within --peer-timeout")
     if policy.mode == "never":
         return Decision(False, "failed", f"died ({cause_id}); --restart never")
     restarts = len(history) - 1

@@ -89,6 +89,7 @@ class _AttemptWatch:
     last_checkpoint: str | None = None
     last_progress_saved: float = 0.0
     hung: bool = False
+    peers_missing: bool = False
     pidfd: int | None = None
     kernel: kernel_log.KernelTail | None = None
     pids: set[int] = field(default_factory=set)
@@ -398,7 +399,7 @@ class Supervisor:
         watch.pids = {watch.process.pid}
         try:
             returncode = self._watch(watch)
-            stopped = self.stop_requested is not None and not watch.hung
+            stopped = self.stop_requested is not None and not watch.hung and not watch.peers_missing
             attempt.ended_at = time.time()
             leftovers = watch.containment.kill_all()
             if leftovers:
@@ -425,6 +426,9 @@ class Supervisor:
                 attempt.diagnosis = diagnosis
             if watch.hung:
                 self._append_marker(attempt.log_path, f"no progress for {opts.hang_timeout_s:g} s: stopped")
+            if watch.peers_missing:
+                self._append_marker(attempt.log_path, f"the other nodes did not join in {opts.peer_timeout_s:g} s: "
+                                                      "stopped; the run ends with peer_failure")  # fmt: skip
             self.journal.end_attempt(attempt)
         finally:
             if watch.kernel is not None:
@@ -438,6 +442,7 @@ class Supervisor:
             stopped_by_user=stopped,
             new_checkpoint=new_checkpoint,
             new_lines=new_lines,
+            peers_missing=watch.peers_missing,
         )
         return outcome, attempt
 
@@ -486,6 +491,18 @@ class Supervisor:
                 self._learn_workers(watch)
                 self._check_progress(watch, now)
                 self.monitor.tick(watch.process.pid)
+                if self._waiting_for_peers(watch):
+                    watch.last_progress_mono = now  # waiting for the other nodes is not a hang
+                    if self.options.peer_timeout_s and now - watch.started_mono >= self.options.peer_timeout_s:
+                        watch.peers_missing = True
+                        self.journal.event("peers_missing", {"attempt": n, "waited_s": now - watch.started_mono})
+                        self.monitor.alert(
+                            "peers_missing",
+                            "critical",
+                            en=f"attempt {n}: the other nodes did not join in {self.options.peer_timeout_s:g} s",
+                            zh=f"第 {n} 次尝试：其他节点 {self.options.peer_timeout_s:g} 秒内没有加入",
+                        )
+                        return self._stop_job(watch, self.options.grace_s)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
                     self._dump_stacks(watch, n)
@@ -499,6 +516,15 @@ class Supervisor:
                     )
                     return self._stop_job(watch, self.options.grace_s)
             self._wait_for_exit(watch, max(0.0, next_tick - self.clock()))
+
+    @staticmethod
+    def _waiting_for_peers(watch: _AttemptWatch) -> bool:
+        """A launcher's job across nodes whose workers have not started: its rendezvous waits for
+        the other nodes (torchrun starts the workers once every node has joined)."""
+        record = watch.launch_record
+        if record is None or not record.get("multi_node"):
+            return False
+        return not any(rank >= 0 for rank, _local in watch.workers.values())
 
     def _learn_workers(self, watch: _AttemptWatch) -> None:
         """Which process is which rank (from its environment), learnt while they live: the stack
@@ -653,6 +679,18 @@ class Supervisor:
     ) -> dict:
         attempt = watch.attempt
         extra = self.monitor.evidence(attempt.ended_at or time.time()) + extra
+        if watch.peers_missing:
+            extra.append(
+                Observation(
+                    source="telemetry",
+                    cause="peer_failure",
+                    weight=0.99,
+                    role=Role.ROOT,
+                    rule="supervisor:peers_missing",
+                    text=f"the other nodes of the job did not join the launcher's rendezvous within "
+                    f"{self.options.peer_timeout_s:g} s (--peer-timeout)",
+                )
+            )
         if oom_kills:
             limit = (self.options.memory_limit or 0) / 1024**3
             extra.append(
@@ -670,7 +708,7 @@ class Supervisor:
             watch.log_path,
             log_start=attempt.log_offset,
             log_end=None,
-            exit_status=None if watch.hung else status,
+            exit_status=None if watch.hung or watch.peers_missing else status,
             started=attempt.started_at,
             ended=attempt.ended_at or time.time(),
             pids=watch.pids | {attempt.pid or 0},
