@@ -1,5 +1,7 @@
 """The error file: an uncaught exception in the training script, written as JSON where the
-supervisor reads it (TRAINGUARD_ERROR_FILE), so a diagnosis sees the real exception, not only a tail."""
+supervisor reads it (TRAINGUARD_ERROR_FILE), so a diagnosis sees the real exception, not only a tail.
+In a job of several ranks (a launcher sets ``RANK``) rank 0 writes the file itself and rank N
+``<file>.rank<N>``: every rank's exception is kept, and the supervisor knows whose it is."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def write_error_file(exc: BaseException, path: str | None = None) -> str | None:
     """Write ``exc`` as {"type", "message", "traceback", "time", "pid"}; atomically, never raising."""
-    path = path or os.environ.get(ERROR_FILE_ENV)
+    if path is None:
+        path = os.environ.get(ERROR_FILE_ENV)
+        rank = os.environ.get("RANK", "0")
+        if path and rank not in ("", "0"):
+            path = f"{path}.rank{rank}"
     if not path:
         return None
     payload = {

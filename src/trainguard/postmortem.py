@@ -3,6 +3,7 @@ and asks the pure classifier. The supervisor and ``trainguard diagnose`` both ca
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -10,6 +11,7 @@ from typing import Any
 
 from trainguard import causes
 from trainguard._i18n import Text
+from trainguard.diagnosis import launch as launch_facts
 from trainguard.diagnosis import ranks
 from trainguard.diagnosis.classify import Diagnosis, classify
 from trainguard.diagnosis.evidence import (
@@ -30,6 +32,7 @@ from trainguard.paths import cache_dir
 class LogSource:
     name: str | None  # shown beside the evidence when several logs are judged together
     blocks: Iterable[bytes]
+    rank: int | None = None  # the rank whose log this is (one rank's file of a launcher's job)
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,14 @@ def investigate(
     scanner: Scanner | None = None,
     table: SignatureTable | None = None,
     kernel_readable: bool = False,
+    launch: launch_facts.LaunchFacts | None = None,
 ) -> Report:
     """``kernel_readable``: the kernel log of the time of death was read (it is in
     ``kernel_lines``, whatever it holds). A SIGKILL with no OOM kill of the job in a readable kernel
-    log was sent by someone: ``killed``, not ``host_oom``."""
+    log was sent by someone: ``killed``, not ``host_oom``.
+
+    ``launch``: the job ran under a launcher (torchrun, DeepSpeed, Accelerate), so its ranks are
+    judged one by one and the cause is that of the rank that failed first (see ``judge_ranks``)."""
     scanner = scanner or default_scanner()
     table = table or default_table()
     observations: list[Observation] = list(extra)
@@ -69,7 +76,8 @@ def investigate(
         result = scanner.scan(log.blocks)
         lines += result.lines
         size += result.bytes
-        observations += observations_from_log(result.matches, file=log.name, file_index=index)
+        found = observations_from_log(result.matches, file=log.name, file_index=index)
+        observations += attribute_ranks(found, log.rank, launch) if launch is not None else found
         mentioned |= pids_in(result.matches)
     observations += observations_from_exit(exit_status, table.exit_rules)
     observations += observations_from_kernel(
@@ -80,9 +88,107 @@ def investigate(
     )
     if kernel_readable:
         observations = sigkill_without_oom_is_killed(observations)
-    diagnosis = classify(observations)
     names = [log.name for log in logs]
+    if launch is not None:
+        diagnosis, first = judge_ranks(observations, launch, names)
+        return Report(diagnosis, lines, size, scanner.engine, first)
+    diagnosis = classify(observations)
     return Report(diagnosis, lines, size, scanner.engine, first_failure(diagnosis.cause, observations, names))
+
+
+def attribute_ranks(
+    observations: Sequence[Observation], rank: int | None, launch: launch_facts.LaunchFacts
+) -> list[Observation]:
+    """Each observation of one log with the rank that printed it: the log's own rank (one rank's
+    file), else the line's prefix. Lines of torchrun's failure summary are a wrapper: those of the
+    first failure are that rank's evidence (its exit status), those of the ranks the agent tore down
+    afterwards (SIGTERM) are dropped."""
+    summary = launch_facts.summary_lines(launch.failures)
+    kept = []
+    for obs in observations:
+        if rank is not None:
+            kept.append(replace(obs, rank=rank))
+            continue
+        failure = summary.get(obs.text.strip())
+        if failure is not None:
+            if failure.first:
+                kept.append(replace(obs, rank=failure.rank))
+            continue
+        kept.append(replace(obs, rank=launch_facts.line_rank(obs.text, launch)))
+    return kept
+
+
+NOT_THE_ROOT = ("peer_failure", causes.UNKNOWN)
+
+
+def judge_ranks(
+    observations: Sequence[Observation], launch: launch_facts.LaunchFacts, names: Sequence[str | None]
+) -> tuple[Diagnosis, dict[str, Any] | None]:
+    """The diagnosis of a launcher's job: each rank is judged on its own lines; the rank that failed
+    first is one whose own cause is not a lost peer (the others' "Connection closed by peer", NCCL
+    timeouts and the agent's SIGTERM are its echoes): the one the supervisor found hung, else
+    torchrun's first observed failure, else the earliest by the lines' timestamps. The job's cause
+    is judged on that rank's lines and the job-wide evidence (exit status, kernel, cgroup, hang).
+    When every rank only lost a peer, the cause is ``peer_failure``: the first failure is on another
+    node, and no rank here is named."""
+    by_rank: dict[int, list[Observation]] = defaultdict(list)
+    for obs in observations:
+        if obs.rank is not None:
+            by_rank[obs.rank].append(obs)
+    lost_a_peer = {rank for rank, found in by_rank.items() if _only_lost_a_peer(found)}
+    own_cause = {rank: classify(found).cause for rank, found in by_rank.items()}
+    candidates = {rank for rank, cause in own_cause.items() if cause not in NOT_THE_ROOT and rank not in lost_a_peer}
+    first = launch.first_failure
+    root: int | None
+    if launch.hung_ranks:
+        root = launch.hung_ranks[0]
+    elif first is not None and first.rank in candidates:
+        root = first.rank
+    elif candidates:
+        root = min(candidates, key=lambda rank: _earliest(by_rank[rank]))
+    else:
+        root = first.rank if first is not None else None
+    if not candidates and lost_a_peer and not launch.hung_ranks:
+        # Every rank here only lost a peer: the exceptions they raised wrap the lost connection, and
+        # the cause is on another node.
+        chosen = [_as_root(o) if o.cause == "peer_failure" else o for o in observations
+                  if o.rank not in lost_a_peer or o.cause == "peer_failure" or o.role is Role.ROOT]  # fmt: skip
+        return classify(chosen), None
+    chosen = [o for o in observations if o.rank is None or o.rank == root] if root is not None else list(observations)
+    diagnosis = classify(chosen)
+    if root is None or diagnosis.cause == "peer_failure":
+        return diagnosis, None
+    own = sorted((o for o in by_rank.get(root, []) if o.cause == diagnosis.cause), key=_earliest_key)
+    stamp = next((s for o in own if (s := ranks.line_time(o.text))), None)
+    found: dict[str, Any] = {"rank": root, "host": None, "time": stamp.text if stamp else None}
+    if first is not None and first.rank == root:  # torchrun's own record of when and where it failed
+        found.update(local_rank=first.local_rank, host=first.host, time=first.time or found["time"])
+    found["host"] = found["host"] or next((h for o in own if (h := ranks.line_host(o.text))), None) or launch.host
+    file_index = own[0].order[0] if own else -1
+    if 0 <= file_index < len(names) and names[file_index]:
+        found["file"] = names[file_index]
+    return diagnosis, found
+
+
+def _only_lost_a_peer(observations: Sequence[Observation]) -> bool:
+    """A rank whose lines say it lost a peer and name no root cause of its own (its exceptions and
+    tracebacks wrap the lost connection)."""
+    lost = any(o.cause == "peer_failure" and o.weight > 0 for o in observations)
+    own_root = any(o.role is Role.ROOT and o.cause != "peer_failure" and o.weight >= 0.5 for o in observations)
+    return lost and not own_root
+
+
+def _as_root(obs: Observation) -> Observation:
+    return replace(obs, role=Role.ROOT) if obs.role is Role.CASCADE else obs
+
+
+def _earliest_key(obs: Observation) -> tuple[float, tuple[int, int]]:
+    stamp = ranks.line_time(obs.text)
+    return (stamp.key if stamp else float("inf"), obs.order)
+
+
+def _earliest(observations: Sequence[Observation]) -> tuple[float, tuple[int, int]]:
+    return min((_earliest_key(o) for o in observations), default=(float("inf"), (1 << 30, 0)))
 
 
 def sigkill_without_oom_is_killed(observations: list[Observation]) -> list[Observation]:

@@ -279,3 +279,46 @@ def test_peeking_into_a_pickle_runs_nothing_from_it(tmp_path: Path) -> None:
     found = peek_pickle(pickle.dumps({"global_step": 12, "payload": Evil()}))
     assert found == {"global_step": 12, "payload": "<object>"}
     assert not marker.exists()
+
+
+def test_trainguard_a_step_of_several_ranks_is_complete_with_its_job_file_and_every_shard() -> None:
+    def shard(step: str, rank: int, size: int = 64) -> list[Entry]:
+        folder = f"{step}/rank-{rank:05d}"
+        manifest = {
+            "format": 1,
+            "step": int(step[5:]),
+            "time": 1.0,
+            "rank": rank,
+            "world_size": 2,
+            "files": {"tensors.bin": {"size": size, "crc32": 1}, "tree.pkl": {"size": 10, "crc32": 2}},
+        }
+        return [
+            Entry(folder, is_dir=True),
+            Entry(f"{folder}/tensors.bin", size=size),
+            Entry(f"{folder}/tree.pkl", size=10),
+            Entry(f"{folder}/manifest.json", size=200, facts={"content": manifest}),
+        ]
+
+    job = {"format": 1, "step": 7, "world_size": 2, "time": 2.0, "shards": {}}
+    complete = [
+        Entry("step-000000000007", is_dir=True),
+        *shard("step-000000000007", 0),
+        *shard("step-000000000007", 1),
+        Entry("step-000000000007/job.json", size=100, facts={"content": job}),
+    ]
+    unfinished = [Entry("step-000000000009", is_dir=True), *shard("step-000000000009", 1)]
+    found = by_name(complete + unfinished)
+    assert found["step-000000000007"].complete and found["step-000000000007"].time == 2.0
+    assert not found["step-000000000009"].complete
+    assert "not every rank finished this save (1 shard(s) in place)" in found["step-000000000009"].problems[0]
+    assert newest(complete + unfinished).step == 7
+    cut = changed(complete, "step-000000000007/rank-00001/tensors.bin", size=3)
+    assert by_name(cut)["step-000000000007"].problems == ("rank-00001/tensors.bin: 3 bytes, manifest.json says 64",)
+    gone = without(
+        complete,
+        "step-000000000007/rank-00000",
+        "step-000000000007/rank-00000/tensors.bin",
+        "step-000000000007/rank-00000/tree.pkl",
+        "step-000000000007/rank-00000/manifest.json",
+    )
+    assert by_name(gone)["step-000000000007"].problems == ("the shard of rank 0 (rank-00000) is missing",)

@@ -11,6 +11,19 @@ moment leaves either the previous checkpoints or a complete new one. A checkpoin
 file shorter than its manifest says, a checksum that does not match) is moved aside as
 ``damaged-step-...-<time>``: never chosen again, never counted as one of the ``keep`` to keep, and
 removed only once ``keep`` valid checkpoints were written after it was found.
+
+A job of several ranks (``WORLD_SIZE`` > 1) saves into one shared folder, each rank its own shard:
+
+    <dir>/step-000000001200/rank-00000/{tensors.bin, tree.pkl, manifest.json}   one rank's state, as above
+    <dir>/step-000000001200/rank-00001/...
+    <dir>/step-000000001200/job.json    written last, by whichever rank completes the set: step, world
+                                        size, time, each shard's files
+
+A shard is written like a checkpoint (temporary folder, fsync, rename, manifest last); ``job.json``
+is written (temporary file, rename) only once every rank's shard is in place, so a step is complete
+for the job exactly when ``job.json`` exists: every rank resumes from the same step. A rank that
+starts again removes what it wrote after the newest complete step (its shards of a dead attempt),
+so a shard of a dead attempt is never completed by the shards of a later one.
 """
 
 from __future__ import annotations
@@ -42,6 +55,9 @@ _TMP_NAME = re.compile(r"^\.tmp-step-[0-9]+-([0-9]+)$")
 _DAMAGED_NAME = re.compile(r"^damaged-step-[0-9]+-([0-9]+)$")
 CHUNK = 8 * 1024 * 1024
 LOCK_FILE = ".writing.lock"
+JOB_FILE = "job.json"
+_SHARD_NAME = re.compile(r"^rank-([0-9]{5,})$")
+_SHARD_TMP_NAME = re.compile(r"^\.tmp-rank-([0-9]+)-([0-9]+)$")
 
 
 class CheckpointError(Exception):
@@ -58,6 +74,8 @@ class Manifest:
     time: float
     files: dict[str, dict[str, int]]
     format: int = FORMAT_VERSION
+    rank: int | None = None  # a shard of a job of several ranks
+    world_size: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -71,6 +89,20 @@ def checkpoint_name(step: int) -> str:
 def step_of(path: Path) -> int | None:
     match = _NAME.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def is_sharded(path: Path) -> bool:
+    """A step folder of a job of several ranks (shards and a job file, not one manifest)."""
+    try:
+        return (path / JOB_FILE).exists() or any(
+            _SHARD_NAME.match(p.name) or _SHARD_TMP_NAME.match(p.name) for p in path.iterdir()
+        )
+    except OSError:
+        return False
 
 
 def fsync_dir(path: Path) -> None:
@@ -112,10 +144,12 @@ def _write_file(path: Path, chunks: Iterable[memoryview | bytes]) -> dict[str, i
 
 
 @contextlib.contextmanager
-def writing_lock(directory: Path, blocking: bool = True):
+def writing_lock(directory: Path, blocking: bool = True, *, rank: int | None = None):
     """Held by whoever writes into the folder; the kernel drops it when the holder dies, so a folder
-    whose lock is free has no save in progress and whatever half-written thing is in it is litter."""
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    whose lock is free has no save in progress and whatever half-written thing is in it is litter.
+    The ranks of one job each hold a lock of their own: their saves never wait for each other."""
+    name = LOCK_FILE if rank is None else f".writing.{shard_name(rank)}.lock"
+    fd = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -144,6 +178,21 @@ def _write_locked(
 ) -> Path:
     final = directory / checkpoint_name(step)
     tmp = directory / f"{TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
+    _write_folder(directory, final, tmp, step, tree, data, wall_time, {})
+    return final
+
+
+def _write_folder(
+    parent: Path,
+    final: Path,
+    tmp: Path,
+    step: int,
+    tree: bytes,
+    data: Iterable[memoryview | bytes],
+    wall_time: float | None,
+    extra: dict[str, int],
+) -> None:
+    """Write the files in ``tmp``, fsync, rename it to ``final``, then write the manifest last."""
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -152,19 +201,15 @@ def _write_locked(
         if final.exists():  # the same step saved again (a resumed run): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        fsync_dir(directory)
+        fsync_dir(parent)
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
             "time": time.time() if wall_time is None else wall_time,
             "files": files,
+            **extra,
         }
-        manifest_tmp = final / f"{TMP_PREFIX}{MANIFEST_FILE}"
-        with open(manifest_tmp, "w", encoding="utf-8") as out:
-            json.dump(manifest, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.rename(manifest_tmp, final / MANIFEST_FILE)
+        _write_json(final / MANIFEST_FILE, manifest)
         fsync_dir(final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,17 +217,141 @@ def _write_locked(
             shutil.rmtree(final, ignore_errors=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise CheckpointError(
-                f"disk full writing checkpoint step {step} in {directory}; the previous checkpoints are kept"
+                f"disk full writing checkpoint step {step} in {parent}; the previous checkpoints are kept"
             ) from exc
+        raise CheckpointError(f"cannot write checkpoint step {step} in {parent}: {exc.strerror or exc}") from exc
+
+
+def _write_json(path: Path, content: dict) -> None:
+    """Through a temporary file, fsynced, renamed: a reader sees the whole file or none."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(content, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.rename(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------- shards
+def write_shard(
+    directory: Path,
+    step: int,
+    rank: int,
+    world_size: int,
+    tree: bytes,
+    data: Iterable[memoryview | bytes],
+    *,
+    wall_time: float | None = None,
+) -> Path:
+    """Write this rank's shard of checkpoint ``step`` (atomically, manifest last), then the job file
+    if every rank's shard is now in place. Returns the step folder."""
+    step_dir = directory / checkpoint_name(step)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with writing_lock(directory, rank=rank):
+            step_dir.mkdir(exist_ok=True)
+            final = step_dir / shard_name(rank)
+            if final.exists():  # this step saved again: the set is not complete until this shard is
+                with contextlib.suppress(FileNotFoundError):
+                    (step_dir / JOB_FILE).unlink()
+            tmp = step_dir / f"{TMP_PREFIX}{shard_name(rank)}-{os.getpid()}"
+            _write_folder(step_dir, final, tmp, step, tree, data, wall_time, {"rank": rank, "world_size": world_size})
+        complete_job(step_dir, step, world_size)
+    except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint step {step} in {directory}: {exc.strerror or exc}") from exc
-    return final
+    return step_dir
+
+
+def complete_job(step_dir: Path, step: int, world_size: int) -> bool:
+    """Write ``job.json`` when every rank's shard of the step is whole; whether the step is complete.
+    Every rank calls this after its own shard, so the last one to finish writes it."""
+    if (step_dir / JOB_FILE).exists():
+        return True
+    shards = {}
+    for rank in range(world_size):
+        shard = step_dir / shard_name(rank)
+        if quick_check(shard) is not None:
+            return False
+        manifest = read_manifest(shard)
+        if manifest.world_size != world_size:
+            return False
+        shards[shard.name] = manifest.files
+    _write_json(step_dir / JOB_FILE, {"format": FORMAT_VERSION, "step": step, "world_size": world_size,
+                                      "time": time.time(), "shards": shards})  # fmt: skip
+    with contextlib.suppress(OSError):
+        fsync_dir(step_dir)
+    return True
+
+
+def complete_jobs(directory: Path) -> list[Path]:
+    """Step folders of several ranks whose job file exists (every shard was in place), newest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if step_of(p) is not None and (p / JOB_FILE).exists()]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
+def invalidate_job(step_dir: Path) -> None:
+    """A shard of a complete step turned out damaged: the step is no longer complete for any rank."""
+    with contextlib.suppress(OSError):
+        os.rename(step_dir / JOB_FILE, step_dir / f"damaged-{JOB_FILE}")
+
+
+def clean_stale_shards(directory: Path, rank: int) -> list[Path]:
+    """What this rank left behind: its temporary shard folders, its shards without a manifest, and
+    its shards of steps newer than the newest complete one (written by an attempt that died: another
+    rank's shard of a later attempt must never complete them). Called when the rank starts, before
+    it trains: no shard of this rank is being written then."""
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    complete = complete_jobs(directory)
+    newest = step_of(complete[0]) if complete else -1
+    with writing_lock(directory, rank=rank):
+        for step_dir in directory.iterdir():
+            step = step_of(step_dir)
+            if step is None or not step_dir.is_dir():
+                continue
+            for path in list(step_dir.iterdir()):
+                tmp = _SHARD_TMP_NAME.match(path.name)
+                unfinished = not (path / MANIFEST_FILE).exists()
+                of_a_dead_attempt = step > newest and not (step_dir / JOB_FILE).exists()
+                if (tmp and int(tmp.group(1)) == rank) or (
+                    path.name == shard_name(rank) and (unfinished or of_a_dead_attempt)
+                ):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+    return removed
+
+
+def prune_jobs(directory: Path, keep: int, protect: Path | None = None) -> None:
+    """Keep the ``keep`` newest complete steps of a job of several ranks; remove older steps, and
+    steps older than the newest complete one that never completed (a rank died while saving them).
+    Any rank may prune: removing a folder another rank removes at the same time is harmless."""
+    complete = [p for p in complete_jobs(directory)]
+    if not complete:
+        return
+    kept = {p.name for p in complete[:keep]} | ({protect.name} if protect is not None else set())
+    newest = step_of(complete[0]) or 0
+    for path in directory.iterdir():
+        step = step_of(path)
+        if step is None or path.name in kept or step >= newest:
+            continue
+        with contextlib.suppress(OSError):
+            (path / JOB_FILE).unlink()  # first: a half-deleted step must never look complete
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def read_manifest(path: Path) -> Manifest:
     try:
         raw = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
         manifest = Manifest(
-            step=int(raw["step"]), time=float(raw["time"]), files=dict(raw["files"]), format=int(raw["format"])
+            step=int(raw["step"]),
+            time=float(raw["time"]),
+            files=dict(raw["files"]),
+            format=int(raw["format"]),
+            rank=None if raw.get("rank") is None else int(raw["rank"]),
+            world_size=None if raw.get("world_size") is None else int(raw["world_size"]),
         )
     except FileNotFoundError as exc:
         raise DamagedCheckpoint(f"{path.name}: no manifest (the save did not finish)") from exc
@@ -190,7 +359,8 @@ def read_manifest(path: Path) -> Manifest:
         raise DamagedCheckpoint(f"{path.name}: unreadable manifest ({exc})") from exc
     if manifest.format > FORMAT_VERSION:
         raise DamagedCheckpoint(f"{path.name}: written by a newer trainguard (format {manifest.format})")
-    if manifest.step != step_of(path):
+    expected = step_of(path) if _SHARD_NAME.match(path.name) is None else step_of(path.parent)
+    if manifest.step != expected:
         raise DamagedCheckpoint(f"{path.name}: manifest says step {manifest.step}")
     return manifest
 
@@ -275,7 +445,10 @@ def clean_stale(directory: Path) -> list[Path]:
         for path in directory.iterdir():
             tmp = _TMP_NAME.match(path.name)
             abandoned = (tmp is not None and (nobody_writing or not pid_alive(int(tmp.group(1))))) or (
-                nobody_writing and step_of(path) is not None and not (path / MANIFEST_FILE).exists()
+                nobody_writing
+                and step_of(path) is not None
+                and not (path / MANIFEST_FILE).exists()
+                and not is_sharded(path)  # a step of several ranks: its ranks clean their own shards
             )
             if abandoned:
                 shutil.rmtree(path, ignore_errors=True)

@@ -18,7 +18,7 @@ import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from trainguard.checkpoint._format import CheckpointError, prune, write_checkpoint
+from trainguard.checkpoint._format import CheckpointError, prune, prune_jobs, write_checkpoint, write_shard
 
 
 def serve(connection: Connection, memfd: int) -> int:
@@ -39,8 +39,13 @@ def serve(connection: Connection, memfd: int) -> int:
                 mapped = mmap.mmap(memfd, job["buffer_size"], flags, mmap.PROT_READ)
             data = [memoryview(mapped)[: job["data_size"]]] if job["data_size"] else []
             directory = Path(job["directory"])
-            prune(directory, job["keep"])  # what a kill between an earlier save and its pruning left
-            path = write_checkpoint(directory, job["step"], job["tree"], data, wall_time=job["time"])
+            rank = job.get("rank")
+            if rank is None:
+                prune(directory, job["keep"])  # what a kill between an earlier save and its pruning left
+                path = write_checkpoint(directory, job["step"], job["tree"], data, wall_time=job["time"])
+            else:
+                path = write_shard(directory, job["step"], rank, job["world_size"], job["tree"], data,
+                                   wall_time=job["time"])  # fmt: skip
             reply = {"ok": True, "path": str(path)}
         except CheckpointError as exc:
             reply = {"ok": False, "error": str(exc)}
@@ -52,7 +57,10 @@ def serve(connection: Connection, memfd: int) -> int:
             return 0
         if reply["ok"]:
             # The new checkpoint is durable and the trainer knows it: old ones go now, off its clock.
-            prune(directory, job["keep"], protect=path)
+            if job.get("rank") is None:
+                prune(directory, job["keep"], protect=path)
+            else:
+                prune_jobs(directory, job["keep"], protect=path)
 
 
 def main(argv: list[str]) -> int:

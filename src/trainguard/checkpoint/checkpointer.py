@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import json
 import logging
 import mmap
 import os
@@ -25,18 +26,25 @@ from trainguard import progress
 from trainguard.checkpoint import _tree
 from trainguard.checkpoint._format import (
     DATA_FILE,
+    JOB_FILE,
     TREE_FILE,
     CheckpointError,
     DamagedCheckpoint,
     clean_stale,
+    clean_stale_shards,
     complete_checkpoints,
+    complete_jobs,
+    invalidate_job,
     move_aside,
     prune,
+    prune_jobs,
     read_into,
     read_manifest,
     read_verified,
+    shard_name,
     step_of,
     write_checkpoint,
+    write_shard,
     writing_lock,
 )
 from trainguard.checkpoint.stopsignal import StopSignal
@@ -227,6 +235,13 @@ def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterato
         position = spec.offset + spec.nbytes
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
 class Checkpointer:
     """Periodic, atomic, asynchronous checkpoints.
 
@@ -238,6 +253,12 @@ class Checkpointer:
     ...     ckpt.maybe_save(step, lambda: {"step": step, "model": model.state_dict()})
     ...     if ckpt.stop_requested:
     ...         break
+
+    In a job of several ranks (``WORLD_SIZE`` > 1, as torchrun, DeepSpeed and Accelerate set it)
+    every rank makes its own Checkpointer on the same shared folder and saves its own state: each
+    save is one shard per rank, and a step counts only once every rank's shard is in place, so
+    ``load_latest`` gives every rank the same step. ``rank`` and ``world_size`` override the
+    environment (``world_size=1`` on rank 0 alone: one process saves for the job).
     """
 
     def __init__(
@@ -250,6 +271,8 @@ class Checkpointer:
         asynchronous: bool = True,
         handle_signals: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         directory = directory or os.environ.get("TRAINGUARD_CHECKPOINT_DIR")
         if not directory:
@@ -259,6 +282,10 @@ class Checkpointer:
         if every_steps is not None and every_steps < 1:
             raise ValueError(f"every_steps must be at least 1, not {every_steps}")
         self.directory = Path(directory)
+        self.world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
+        self.rank = rank if rank is not None else _env_int("RANK", 0)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not one of world_size {self.world_size}")
         self.every_s = None if every is None else parse_duration(every)
         self.every_steps = every_steps
         self.keep = keep
@@ -280,16 +307,30 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}") from exc
-        for removed in clean_stale(self.directory):
+        stale = clean_stale_shards(self.directory, self.rank) if self.sharded else clean_stale(self.directory)
+        for removed in stale:
             log.info("removed %s, left by a save that was killed", removed.name)
         progress.report_checkpoint_dir(str(self.directory.resolve()))
-        newest = complete_checkpoints(self.directory)
+        newest = self._complete()
         if newest:
-            self._last_size = sum(p.stat().st_size for p in newest[0].iterdir())
+            with contextlib.suppress(OSError):
+                self._last_size = sum(p.stat().st_size for p in self._own(newest[0]).iterdir())
         if handle_signals:
             self._stop.install()
         self_ref = weakref.ref(self)
         atexit.register(lambda: (obj := self_ref()) is not None and obj.close())
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each save is one shard of a job of several ranks."""
+        return self.world_size > 1
+
+    def _complete(self) -> list[Path]:
+        return complete_jobs(self.directory) if self.sharded else complete_checkpoints(self.directory)
+
+    def _own(self, checkpoint: Path) -> Path:
+        """Where this process's state is inside a checkpoint: its shard, or the checkpoint itself."""
+        return checkpoint / shard_name(self.rank) if self.sharded else checkpoint
 
     # ------------------------------------------------------------------ signals
     @property
@@ -356,9 +397,17 @@ class Checkpointer:
             self._submit(step, tree, data_size)
             return
         data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else _direct_chunks(tensors, specs)
+        self.last_saved = self._write(step, tree, data, None)
+
+    def _write(self, step: int, tree: bytes, data: Any, wall_time: float | None) -> Path:
+        if self.sharded:
+            path = write_shard(self.directory, step, self.rank, self.world_size, tree, data, wall_time=wall_time)
+            prune_jobs(self.directory, self.keep, protect=path)
+            return path
         prune(self.directory, self.keep)  # what a kill between an earlier save and its pruning left
-        self.last_saved = write_checkpoint(self.directory, step, tree, data)
-        prune(self.directory, self.keep, protect=self.last_saved)
+        path = write_checkpoint(self.directory, step, tree, data, wall_time=wall_time)
+        prune(self.directory, self.keep, protect=path)
+        return path
 
     def _check_room_on_disk(self, step: int, needed: int) -> None:
         try:
@@ -404,6 +453,8 @@ class Checkpointer:
                 "data_size": data_size,
                 "buffer_size": self._staging.size if self._staging is not None and data_size else 0,
                 "keep": self.keep,
+                "rank": self.rank if self.sharded else None,
+                "world_size": self.world_size,
             }
         )
 
@@ -425,7 +476,8 @@ class Checkpointer:
         log.warning("the checkpoint writer did not finish step %s in %.0f s: killed; a new one takes over",
                     job["step"] if job else "?", writer.in_flight_for())  # fmt: skip
         writer.kill()
-        clean_stale(self.directory)  # the half-written folder of the save it never finished
+        # the half-written folder of the save it never finished
+        clean_stale_shards(self.directory, self.rank) if self.sharded else clean_stale(self.directory)
         return job
 
     def wait(self) -> Path | None:
@@ -446,21 +498,29 @@ class Checkpointer:
 
     def _write_staged(self, job: dict[str, Any]) -> Path:
         """Write a save that a killed writer held, from the same staging buffer, in this process."""
-        clean_stale(self.directory)
         data = [memoryview(self._staging.map)[: job["data_size"]]] if job["data_size"] and self._staging else []
-        path = write_checkpoint(self.directory, job["step"], job["tree"], data, wall_time=job["time"])
-        prune(self.directory, self.keep, protect=path)
-        return path
+        return self._write(job["step"], job["tree"], data, job["time"])
 
     # ------------------------------------------------------------------ loading
     def load_latest(self, map_location: str | None = "cpu") -> Any:
         """The newest complete checkpoint whose files match their manifest, or None. Damaged ones are
         skipped, logged and listed in ``self.damaged``. Tensors load on ``map_location``."""
         self.wait()
-        for path in complete_checkpoints(self.directory):
+        for path in self._complete():
+            if self.sharded:
+                self._check_world_size(path)
             try:
-                state = self._load(path, map_location)
+                state = self._load(self._own(path), map_location)
             except DamagedCheckpoint as exc:
+                if self.sharded:
+                    # The other ranks may have loaded this step already: no rank may take another
+                    # one now. The step stops being complete, and the next attempt of every rank
+                    # resumes from the previous one.
+                    invalidate_job(path)
+                    raise CheckpointError(
+                        f"rank {self.rank}'s shard of {path.name} is damaged ({exc}); {path.name} no longer counts "
+                        "as complete: restart the job and every rank resumes from the previous complete step"
+                    ) from exc
                 self.damaged.append(str(exc))
                 with writing_lock(self.directory):
                     aside = move_aside(path)
@@ -472,8 +532,19 @@ class Checkpointer:
             return state
         return None
 
+    def _check_world_size(self, path: Path) -> None:
+        try:
+            saved = json.loads((path / JOB_FILE).read_text(encoding="utf-8")).get("world_size")
+        except (OSError, ValueError, AttributeError):
+            return  # read again as the shard's own manifest below
+        if saved != self.world_size:
+            raise CheckpointError(
+                f"{path.name} was saved by {saved} ranks and this job has {self.world_size}: every rank needs its own "
+                "shard (start the job with the same number of ranks)"
+            )
+
     def latest_path(self) -> Path | None:
-        found = complete_checkpoints(self.directory)
+        found = self._complete()
         return found[0] if found else None
 
     @staticmethod

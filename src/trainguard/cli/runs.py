@@ -202,6 +202,15 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 )
 @click.option("--memory-limit", callback=_size, metavar="SIZE", help="Put the job in its own memory cgroup (e.g. 64G).")
 @click.option(
+    "--peer-timeout",
+    callback=_duration,
+    default="10m",
+    show_default=True,
+    metavar="DUR",
+    help="A launcher's job across nodes (torchrun --nnodes 2...): how long an attempt waits for the other "
+    "nodes to join its rendezvous before the run ends with peer_failure (exit 75 under --foreground).",
+)
+@click.option(
     "--grace",
     callback=_duration,
     default="120s",
@@ -240,8 +249,8 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.option("--follow", is_flag=True, help="Detach, then follow the log (Ctrl+C stops following, not the job).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, checkpoint_layout, resume_arg,
-        hang_timeout, memory_limit, grace, stop_signal, sample_interval, notify, config_file, metrics_port,
-        metrics_bind, foreground, follow, command) -> int:  # fmt: skip
+        hang_timeout, memory_limit, peer_timeout, grace, stop_signal, sample_interval, notify, config_file,
+        metrics_port, metrics_bind, foreground, follow, command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
     \b
@@ -295,6 +304,7 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         checkpoint_layout=checkpoint_layout,
         resume_arg=resume_arg,
         hang_timeout_s=hang_timeout,
+        peer_timeout_s=peer_timeout,
         grace_s=grace,
         stop_signal=stop_signal,
         memory_limit=memory_limit,

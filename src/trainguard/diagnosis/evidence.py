@@ -28,6 +28,7 @@ class Observation:
     note: Text | None = None  # what the line means, when the line alone does not say (Xid codes)
     order: tuple[int, int] = (0, 0)  # (file index, line): earlier is closer to the root cause
     sigkill: bool = False  # says that a process died of SIGKILL (whoever sent it)
+    rank: int | None = None  # the rank of a job of several that printed it, where known
 
 
 # ----------------------------------------------------------------------------- exit status

@@ -1,20 +1,30 @@
 """The evidence about one dead attempt of a run: its part of the log (streamed), the error file the
 training library wrote, the kernel log around its death, its exit status, and whether the supervisor
-found it hung. Used by the supervisor after each death and by ``trainguard diagnose RUN``."""
+found it hung; for a launcher's job (torchrun, DeepSpeed, Accelerate) also every rank's output and
+error files and the launcher's failure summary, so that each rank is judged on its own lines. Used by
+the supervisor after each death and by ``trainguard diagnose RUN``."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
 from trainguard.postmortem import LogSource, Report, investigate
 from trainguard.probes import kernel_log
+from trainguard.supervisor import launchers
 
 KERNEL_SLACK_S = 5.0
+SUMMARY_TAIL_BYTES = 256 * 1024  # torchrun prints its failure summary last
+_RANK_SUFFIX = re.compile(r"\.rank([0-9]+)$")
 
 
 def _log_region(path: str, start: int, end: int | None) -> Iterator[bytes]:
@@ -70,9 +80,15 @@ def attempt_report(
             )
         )
     sources = [LogSource(None, _log_region(log_path, log_start, log_end))] if log_path else []
-    error_text = error_file_text(error_file) if error_file else None
-    if error_text:
-        sources.append(LogSource("error file", [error_text.encode()]))
+    record = launchers.read_record(launch_record_path(error_file)) if error_file else None
+    facts = None
+    if record is not None and log_path:
+        facts, rank_sources = _launch_evidence(record, log_path, log_start, log_end, error_file, started)
+        sources += rank_sources
+    else:
+        error_text = error_file_text(error_file) if error_file else None
+        if error_text:
+            sources.append(LogSource("error file", [error_text.encode()]))
     try:
         lines = kernel_tail.read_new() if kernel_tail is not None else kernel_log.read_live()[0]
         window = kernel_log.in_window(lines, started - KERNEL_SLACK_S, ended + KERNEL_SLACK_S)
@@ -81,4 +97,68 @@ def attempt_report(
     except kernel_log.KernelLogUnavailable:
         kernel_lines, kernel_readable = [], False
     return investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines, job_pids=pids, extra=extra,
-                       kernel_readable=kernel_readable)  # fmt: skip
+                       kernel_readable=kernel_readable, launch=facts)  # fmt: skip
+
+
+def launch_record_path(error_file: str) -> str:
+    """The launcher record of the attempt whose error file this is (``attempt-N.launch.json``)."""
+    return error_file.removesuffix(".error.json") + ".launch.json"
+
+
+def _tail(path: str, start: int, end: int | None) -> str:
+    try:
+        with open(path, "rb") as log:
+            stop = end if end is not None else log.seek(0, os.SEEK_END)
+            log.seek(max(start, stop - SUMMARY_TAIL_BYTES))
+            return log.read(stop - log.tell()).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _launch_evidence(
+    record: dict[str, Any], log_path: str, log_start: int, log_end: int | None, error_file: str | None, started: float
+) -> tuple[launch.LaunchFacts, list[LogSource]]:
+    """The launcher's view of the attempt: its failure summary, which worker was which rank, and a
+    source per rank's file (its output, torchrun's error.json, trainguard's error file)."""
+    workers = record.get("workers") or {}
+    global_ranks = {int(w["local_rank"]): int(w["rank"]) for w in workers.values() if isinstance(w, dict)}
+    facts = launch.LaunchFacts(
+        failures=launch.parse_torchrun_summary(_tail(log_path, log_start, log_end)),
+        global_ranks=global_ranks or None,
+        hung_ranks=tuple(int(r) for r in record.get("hung_ranks") or ()),
+        host=record.get("host"),
+    )
+
+    def rank_of(local: int) -> int:
+        mapped = facts.global_rank(local)
+        return mapped if mapped is not None else local
+
+    sources: list[LogSource] = []
+    seen: set[str] = set()
+    for found in launchers.rank_files(record.get("log_dirs") or [], since=started):
+        seen.add(os.path.realpath(found.path))
+        if found.kind == "error":
+            text = launchers.torch_error_text(found.path)
+            if text:
+                sources.append(LogSource(found.path, [text.encode()], rank=rank_of(found.local_rank)))
+        else:
+            sources.append(LogSource(found.path, _log_region(found.path, 0, None), rank=rank_of(found.local_rank)))
+    for failure in facts.failures:  # error files the summary names elsewhere (accelerate: a temporary folder)
+        if failure.error_file and os.path.realpath(failure.error_file) not in seen:
+            text = launchers.torch_error_text(failure.error_file)
+            if text:
+                sources.append(LogSource(failure.error_file, [text.encode()], rank=failure.rank))
+    if error_file:
+        for path in [error_file, *sorted(glob.glob(glob.escape(error_file) + ".rank*"))]:
+            text = error_file_text(path)
+            suffix = _RANK_SUFFIX.search(path)
+            if text:
+                rank = int(suffix.group(1)) if suffix else 0
+                sources.append(LogSource(f"error file (rank {rank})", [text.encode()], rank=rank))
+    agent = record.get("launcher_error_file")
+    first = facts.first_failure
+    if agent and not (first is not None and first.error_file):  # else it is a copy of that rank's error.json
+        text = launchers.torch_error_text(agent)
+        if text:
+            sources.append(LogSource("launcher error file", [text.encode()]))
+    return facts, sources

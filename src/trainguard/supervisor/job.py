@@ -23,6 +23,7 @@ class JobOptions:
     checkpoint_layout: str = "auto"
     resume_arg: str | None = None
     hang_timeout_s: float | None = None
+    peer_timeout_s: float | None = 600.0  # a launcher's job across nodes: the wait for the other nodes
     grace_s: float = 120.0
     stop_signal: int = 15
     memory_limit: int | None = None

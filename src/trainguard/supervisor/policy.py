@@ -33,6 +33,7 @@ class Outcome:
     stopped_by_user: bool = False
     new_checkpoint: bool = False
     new_lines: int = 0
+    peers_missing: bool = False  # the other nodes of the job never joined this attempt's rendezvous
 
     @property
     def succeeded(self) -> bool:
@@ -62,6 +63,11 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
                             policy.backoff_base_s)  # fmt: skip
         return Decision(False, "succeeded", Text("exited 0", "正常退出（0）"))
     cause_id = last.cause or "unknown"
+    if last.peers_missing:
+        # Restarting alone cannot help: the job needs its other nodes. The verdict (75) lets a
+        # scheduler start the whole job again.
+        return Decision(False, "failed", Text(f"{cause_id}: the other nodes did not join within --peer-timeout",
+                                              f"{cause_id}：其他节点没有在 --peer-timeout 内加入"))  # fmt: skip
     if policy.mode == "never":
         return Decision(False, "failed", Text(f"died ({cause_id}); --restart never", f"终止（{cause_id}）；--restart never"))
     restarts = len(history) - 1

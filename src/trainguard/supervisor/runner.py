@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ import psutil
 from trainguard import causes, progress
 from trainguard._i18n import Text, choose_language
 from trainguard._proc import ProcessRef, start_time
+from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
@@ -38,6 +41,7 @@ from trainguard.paths import open_private
 from trainguard.postmortem import default_scanner, diagnosis_dict
 from trainguard.probes import kernel_log
 from trainguard.store.registry import Attempt, Registry, Run
+from trainguard.supervisor import launchers
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.containment import Containment, become_subreaper, contain, stop_gracefully
 from trainguard.supervisor.job import JobOptions, choose_resume, find_resume, job_argv, job_environment
@@ -87,9 +91,12 @@ class _AttemptWatch:
     last_checkpoint: str | None = None
     last_progress_saved: float = 0.0
     hung: bool = False
+    peers_missing: bool = False
     pidfd: int | None = None
     kernel: kernel_log.KernelTail | None = None
     pids: set[int] = field(default_factory=set)
+    launch_record: dict[str, Any] | None = None  # the job runs under a launcher: what is known of its ranks
+    workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (rank, local rank)
 
     @property
     def log_path(self) -> str | None:
@@ -268,7 +275,8 @@ class Supervisor:
         if choice.skipped:  # incomplete ones are reported, never chosen, never deleted
             self.journal.event("checkpoints_skipped", {"attempt": n, "skipped": list(choice.skipped)})
         error_file, progress_file = self._error_file(n), self._progress_file(n)
-        for stale in (error_file, progress_file):
+        launcher_error_file = os.path.join(run_dir, f"attempt-{n}.launcher-error.json")
+        for stale in (error_file, progress_file, launcher_error_file, *self._rank_files_of(error_file, progress_file)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
         env = job_environment(
@@ -282,6 +290,7 @@ class Supervisor:
             error_file=error_file,
             progress_file=progress_file,
         )
+        launch_record = self._prepare_launcher(env, n, launcher_error_file)
         log_file = str(run_dir / attempt_log_name(n))
         # A fresh file per attempt: appending to one that already holds data is measurably slower.
         log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -326,8 +335,33 @@ class Supervisor:
         self.journal.start_attempt(attempt)
         self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
         self._started()
-        watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail)
+        watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail,
+                              launch_record=launch_record)  # fmt: skip
         return self._conclude(watch)
+
+    def _prepare_launcher(self, env: dict[str, str], n: int, launcher_error_file: str) -> dict[str, Any] | None:
+        """A launcher's job (torchrun, DeepSpeed, Accelerate): its ranks' files go to the attempt's
+        folder through the launcher's environment, and the record of where they are is written."""
+        launcher = launchers.recognise(self.options.command)
+        if launcher is None:
+            return None
+        ranks_dir = os.path.join(self.run.run_dir, f"attempt-{n}.ranks")
+        env.update(launchers.environment(launcher, env, ranks_dir=ranks_dir, error_file=launcher_error_file))
+        record = {
+            "launcher": launcher.kind,
+            "multi_node": launcher.multi_node(env),
+            "log_dirs": launchers.log_dirs(launcher, env),
+            "launcher_error_file": env.get("TORCHELASTIC_ERROR_FILE"),
+            "host": socket.gethostname(),
+            "workers": {},
+            "hung_ranks": [],
+        }
+        launchers.write_record(launchers.record_path(self.run.run_dir, n), record)
+        return record
+
+    @staticmethod
+    def _rank_files_of(*paths: str) -> list[str]:
+        return [found for path in paths for found in glob.glob(glob.escape(path) + ".rank*")]
 
     def _adopt_attempt(self, attempt: Attempt) -> tuple[Outcome, Attempt]:
         job = ProcessRef(attempt.pid or 0, attempt.pid_start)
@@ -370,7 +404,7 @@ class Supervisor:
         watch.pids = {watch.process.pid}
         try:
             returncode = self._watch(watch)
-            stopped = self.stop_requested is not None and not watch.hung
+            stopped = self.stop_requested is not None and not watch.hung and not watch.peers_missing
             attempt.ended_at = time.time()
             leftovers = watch.containment.kill_all()
             if leftovers:
@@ -383,6 +417,7 @@ class Supervisor:
             attempt.signal = status.signal if status else None
             attempt.progress = progress.read(self._progress_file(attempt.n)) or attempt.progress
             self._learn_checkpoint_dir(attempt.progress or {})
+            self._save_launch_record(watch)
             latest = self._newest_checkpoint()
             new_checkpoint = latest not in (None, attempt.resumed_from)
             new_lines = self._count_lines(watch)
@@ -398,6 +433,10 @@ class Supervisor:
             if watch.hung:
                 self._append_marker(attempt.log_path, Text(f"no progress for {opts.hang_timeout_s:g} s: stopped",
                                                            f"{opts.hang_timeout_s:g} 秒没有进展：已停止"))  # fmt: skip
+            if watch.peers_missing:
+                self._append_marker(attempt.log_path, Text(
+                    f"the other nodes did not join in {opts.peer_timeout_s:g} s: stopped; the run ends with peer_failure",
+                    f"其他节点在 {opts.peer_timeout_s:g} 秒内没有加入：已停止；运行以 peer_failure 结束"))  # fmt: skip
             self.journal.end_attempt(attempt)
         finally:
             if watch.kernel is not None:
@@ -411,6 +450,7 @@ class Supervisor:
             stopped_by_user=stopped,
             new_checkpoint=new_checkpoint,
             new_lines=new_lines,
+            peers_missing=watch.peers_missing,
         )
         return outcome, attempt
 
@@ -457,8 +497,21 @@ class Supervisor:
                 next_tick = now + TICK_S
                 self._housekeeping()
                 watch.pids |= _descendants(watch.process.pid)
+                self._learn_workers(watch)
                 self._check_progress(watch, now)
                 self.monitor.tick(watch.process.pid)
+                if self._waiting_for_peers(watch):
+                    watch.last_progress_mono = now  # waiting for the other nodes is not a hang
+                    if self.options.peer_timeout_s and now - watch.started_mono >= self.options.peer_timeout_s:
+                        watch.peers_missing = True
+                        self.journal.event("peers_missing", {"attempt": n, "waited_s": now - watch.started_mono})
+                        self.monitor.alert(
+                            "peers_missing",
+                            "critical",
+                            en=f"attempt {n}: the other nodes did not join in {self.options.peer_timeout_s:g} s",
+                            zh=f"第 {n} 次尝试：其他节点 {self.options.peer_timeout_s:g} 秒内没有加入",
+                        )
+                        return self._stop_job(watch, self.options.grace_s)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
                     self._dump_stacks(watch, n)
@@ -472,6 +525,32 @@ class Supervisor:
                     )
                     return self._stop_job(watch, self.options.grace_s)
             self._wait_for_exit(watch, max(0.0, next_tick - self.clock()))
+
+    @staticmethod
+    def _waiting_for_peers(watch: _AttemptWatch) -> bool:
+        """A launcher's job across nodes whose workers have not started: its rendezvous waits for
+        the other nodes (torchrun starts the workers once every node has joined)."""
+        record = watch.launch_record
+        if record is None or not record.get("multi_node"):
+            return False
+        return not any(rank >= 0 for rank, _local in watch.workers.values())
+
+    def _learn_workers(self, watch: _AttemptWatch) -> None:
+        """Which process is which rank (from its environment), learnt while they live: the stack
+        dumps and the diagnosis name ranks, not pids."""
+        if watch.launch_record is None:
+            return
+        for pid in watch.pids - watch.workers.keys():
+            identity = launchers.worker_identity(pid)
+            watch.workers[pid] = identity if identity is not None else (-1, -1)
+
+    def _save_launch_record(self, watch: _AttemptWatch) -> None:
+        if watch.launch_record is None:
+            return
+        watch.launch_record["workers"] = {
+            str(pid): {"rank": rank, "local_rank": local} for pid, (rank, local) in watch.workers.items() if rank >= 0
+        }
+        launchers.write_record(launchers.record_path(self.run.run_dir, watch.attempt.n), watch.launch_record)
 
     def _log_size(self, watch: _AttemptWatch) -> int:
         if watch.log_fd is None:
@@ -536,6 +615,9 @@ class Supervisor:
         return watch.process.wait()
 
     def _dump_stacks(self, watch: _AttemptWatch, n: int) -> None:
+        """Every process's Python stack into the run's folder (py-spy); for a launcher's job each
+        worker's rank is named, and the ranks that are not waiting in a collective while the others
+        are (the ones the job waits for) are recorded for the diagnosis."""
         target = Path(self.run.run_dir) / f"hang-attempt-{n}.txt"
         py_spy = shutil.which("py-spy")
         try:
@@ -545,24 +627,38 @@ class Supervisor:
                 self._append_marker(watch.attempt.log_path, Text("no progress; py-spy not installed, no stacks",
                                                                  "没有进展；未安装 py-spy，无法导出调用栈"))  # fmt: skip
                 return
+            self._learn_workers(watch)
+            worker_stacks: dict[int, str] = {}
             with open_private(target) as out:
                 for pid in sorted(watch.containment.pids() or watch.pids):
-                    out.write(f"--- process {pid} ---\n")
+                    rank, local = watch.workers.get(pid) or launchers.worker_identity(pid) or (-1, -1)
+                    named = f" (rank {rank}, local rank {local})" if rank >= 0 else ""
+                    out.write(f"--- process {pid}{named} ---\n")
                     out.flush()
-                    dump = subprocess.Popen([py_spy, "dump", "--pid", str(pid)], stdout=out, stderr=subprocess.STDOUT)
-                    watch.containment.helpers.add(dump.pid)
-                    try:
-                        dump.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        dump.kill()
-                        dump.wait()
-                    finally:
-                        watch.containment.helpers.discard(dump.pid)
+                    stack = self._py_spy(py_spy, pid, watch)
+                    out.write(stack)
+                    if rank >= 0 and stack.strip():
+                        worker_stacks[rank] = worker_stacks.get(rank, "") + stack
+            if watch.launch_record is not None:
+                watch.launch_record["hung_ranks"] = list(launch.hung_ranks(worker_stacks))
         except OSError:
             return  # a full state disk loses the stacks, not the restart
         timeout = f"{self.options.hang_timeout_s:g}"
         self._append_marker(watch.attempt.log_path, Text(f"no progress for {timeout} s; stacks in {target}",
                                                          f"{timeout} 秒没有进展；调用栈见 {target}"))  # fmt: skip
+
+    @staticmethod
+    def _py_spy(py_spy: str, pid: int, watch: _AttemptWatch) -> str:
+        dump = subprocess.Popen([py_spy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        watch.containment.helpers.add(dump.pid)
+        try:
+            output, _ = dump.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            dump.kill()
+            output, _ = dump.communicate()
+        finally:
+            watch.containment.helpers.discard(dump.pid)
+        return output.decode("utf-8", "replace")
 
     # ------------------------------------------------------------------ after a death
     def _count_lines(self, watch: _AttemptWatch, enough: int = STARTUP_LINES + 1) -> int:
@@ -601,6 +697,18 @@ class Supervisor:
     ) -> dict:
         attempt = watch.attempt
         extra = self.monitor.evidence(attempt.ended_at or time.time()) + extra
+        if watch.peers_missing:
+            extra.append(
+                Observation(
+                    source="telemetry",
+                    cause="peer_failure",
+                    weight=0.99,
+                    role=Role.ROOT,
+                    rule="supervisor:peers_missing",
+                    text=f"the other nodes of the job did not join the launcher's rendezvous within "
+                    f"{self.options.peer_timeout_s:g} s (--peer-timeout)",
+                )
+            )
         if oom_kills:
             limit = (self.options.memory_limit or 0) / 1024**3
             extra.append(_seen_by_the_supervisor(
@@ -611,7 +719,7 @@ class Supervisor:
             watch.log_path,
             log_start=attempt.log_offset,
             log_end=None,
-            exit_status=None if watch.hung else status,
+            exit_status=None if watch.hung or watch.peers_missing else status,
             started=attempt.started_at,
             ended=attempt.ended_at or time.time(),
             pids=watch.pids | {attempt.pid or 0},

@@ -128,6 +128,7 @@ def job_options(run: Run) -> JobOptions:
         checkpoint_layout=o.get("checkpoint_layout", "auto"),
         resume_arg=o.get("resume_arg"),
         hang_timeout_s=o.get("hang_timeout_s"),
+        peer_timeout_s=o.get("peer_timeout_s", 600.0),
         grace_s=o.get("grace_s", 120.0),
         stop_signal=o.get("stop_signal", 15),
         memory_limit=o.get("memory_limit"),

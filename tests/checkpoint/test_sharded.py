@@ -1,0 +1,127 @@
+"""Checkpoints of a job of several ranks in one shared folder: a step counts once every rank's shard is
+in place, every rank resumes from that step with its own state, a dead attempt's shards never complete
+a later attempt's step, and a damaged shard sends every rank back to the previous step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainguard import Checkpointer, CheckpointError
+from trainguard.checkpoint import layouts
+
+
+def ranks(folder: Path, world_size: int = 2, **kwargs) -> list[Checkpointer]:
+    return [
+        Checkpointer(folder, rank=r, world_size=world_size, handle_signals=False, **kwargs) for r in range(world_size)
+    ]
+
+
+def close(checkpointers: list[Checkpointer]) -> None:
+    for ckpt in checkpointers:
+        ckpt.close()
+
+
+def state(rank: int, step: int) -> dict:
+    return {"step": step, "rank": rank, "w": torch.full((4,), float(rank * 100 + step))}
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_step_is_complete_only_when_every_rank_saved_it(tmp_path: Path, asynchronous: bool) -> None:
+    zero, one = ranks(tmp_path, asynchronous=asynchronous)
+    zero.save(state(0, 5), 5)
+    zero.wait()
+    found = layouts.scan(tmp_path)
+    assert [c.step for c in found] == [5] and not found[0].complete
+    assert "not every rank finished" in found[0].problems[0]
+    assert zero.load_latest() is None  # rank 1 has not saved step 5: no rank may resume from it
+    one.save(state(1, 5), 5)
+    one.wait()
+    assert layouts.newest_complete(tmp_path).path == str(tmp_path / "step-000000000005")
+    job = json.loads((tmp_path / "step-000000000005" / "job.json").read_text())
+    assert job["world_size"] == 2 and sorted(job["shards"]) == ["rank-00000", "rank-00001"]
+    assert zero.load_latest()["rank"] == 0 and one.load_latest()["rank"] == 1
+    assert torch.equal(one.load_latest()["w"], torch.full((4,), 105.0))
+    close([zero, one])
+
+
+def test_shards_of_a_dead_attempt_never_complete_a_later_attempts_step(tmp_path: Path) -> None:
+    zero, one = ranks(tmp_path, asynchronous=False)
+    for ckpt in (zero, one):
+        ckpt.save(state(ckpt.rank, 5), 5)
+    one.save(state(1, 10), 10)  # rank 0 died before it saved step 10
+    close([zero, one])
+    # the next attempt: every rank starts again from step 5; rank 1's step-10 shard is its own litter
+    zero, one = ranks(tmp_path, asynchronous=False)
+    assert not (tmp_path / "step-000000000010" / "rank-00001").exists()
+    assert zero.load_latest()["step"] == 5 and one.load_latest()["step"] == 5
+    zero.save(state(0, 10), 10)
+    assert not (tmp_path / "step-000000000010" / "job.json").exists()  # waits for rank 1's new shard
+    one.save(state(1, 10), 10)
+    assert layouts.newest_complete(tmp_path).step == 10
+    close([zero, one])
+
+
+def test_a_damaged_shard_sends_every_rank_back_to_the_previous_step(tmp_path: Path) -> None:
+    zero, one = ranks(tmp_path, asynchronous=False)
+    for step in (5, 10):
+        for ckpt in (zero, one):
+            ckpt.save(state(ckpt.rank, step), step)
+    close([zero, one])
+    data = tmp_path / "step-000000000010" / "rank-00001" / "tensors.bin"
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))  # same size, wrong checksum: only a full read finds it
+    zero, one = ranks(tmp_path, asynchronous=False)
+    with pytest.raises(CheckpointError, match="rank 1's shard of step-000000000010 is damaged"):
+        one.load_latest()
+    # step 10 no longer counts for any rank: every rank's next attempt resumes from step 5
+    assert layouts.newest_complete(tmp_path).step == 5
+    assert zero.load_latest()["step"] == 5 and one.load_latest()["step"] == 5
+    close([zero, one])
+
+
+def test_old_steps_are_pruned_to_keep_and_unfinished_older_steps_go_too(tmp_path: Path) -> None:
+    zero, one = ranks(tmp_path, keep=2, asynchronous=False)
+    for step in (1, 2, 3):
+        for ckpt in (zero, one):
+            ckpt.save(state(ckpt.rank, step), step)
+    zero.save(state(0, 4), 4)  # rank 1 died while saving step 4
+    close([zero, one])
+    zero, one = ranks(tmp_path, keep=2, asynchronous=False)
+    for step in (5, 6):
+        for ckpt in (zero, one):
+            ckpt.save(state(ckpt.rank, step), step)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-"))
+    assert names == ["step-000000000005", "step-000000000006"]
+    close([zero, one])
+
+
+def test_a_different_number_of_ranks_is_a_clear_error(tmp_path: Path) -> None:
+    pair = ranks(tmp_path, asynchronous=False)
+    for ckpt in pair:
+        ckpt.save(state(ckpt.rank, 3), 3)
+    close(pair)
+    trio = ranks(tmp_path, world_size=3, asynchronous=False)
+    with pytest.raises(CheckpointError, match="saved by 2 ranks and this job has 3"):
+        trio[2].load_latest()
+    close(trio)
+
+
+def test_the_rank_and_world_size_come_from_the_launchers_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ckpt = Checkpointer(tmp_path, handle_signals=False, asynchronous=False)
+    assert (ckpt.rank, ckpt.world_size, ckpt.sharded) == (1, 2, True)
+    ckpt.save({"step": 0}, 0)
+    assert (tmp_path / "step-000000000000" / "rank-00001" / "manifest.json").exists()
+    ckpt.close()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    single = Checkpointer(tmp_path / "single", handle_signals=False, asynchronous=False)
+    single.save({"step": 0}, 0)
+    assert (tmp_path / "single" / "step-000000000000" / "manifest.json").exists()  # one process: as before
+    single.close()
