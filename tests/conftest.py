@@ -26,9 +26,10 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A state folder of the test's own, for every trainguard the test starts."""
+    """A state folder of the test's own, for every trainguard the test starts: no test reads or
+    writes the state of the person running the tests (~/.local/state/trainguard)."""
     folder = tmp_path / "state"
     monkeypatch.setenv("TRAINGUARD_HOME", str(folder))
     return folder

@@ -70,7 +70,7 @@ def test_a_zombie_supervisor_is_gone_at_once(tmp_path: Path, home: Path) -> None
     foreground = subprocess.Popen([sys.executable, "-m", "trainguard", "run", "--name", "z", "--foreground", "--",
                                    "sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        run = wait_for(lambda: _running("z"), what="the run to start")
+        run = wait_for(lambda: _running("z"), timeout=90, what="the run to start")
         os.kill(foreground.pid, signal.SIGKILL)
         wait_for(lambda: Path(f"/proc/{foreground.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
                  what="a zombie")  # fmt: skip
