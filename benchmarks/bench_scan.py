@@ -27,10 +27,51 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from trainguard.diagnosis.signatures import default_table  # noqa: E402
 
+# Harmless lines that look alarming, each as real training jobs print them. Several of them hit a
+# signature's pattern (NCCL's "NET/IB : Got async event", a caught error printed at the start of a
+# line), so the scanner's confirm path is exercised thousands of times, not only its fast path.
+NCCL_INFO = [
+    "{host}:{pid}:{tid} [{r}] NCCL INFO Channel {c:02d}/24 : {r}[{r}] -> {n}[{n}] via P2P/CUMEM/read",
+    "{host}:{pid}:{tid} [{r}] NCCL INFO NET/Socket : Using [0]eth0:10.0.3.{r}<0>",
+    "{host}:{pid}:{tid} [{r}] NCCL INFO comm 0x55d3c8a1e2f0 rank {r} nranks 8 cudaDev {r} busId {r}a000 commId 0x3f1c2b9d - Init COMPLETE",
+    "{host}:{pid}:{tid} [{r}] NCCL INFO Using network Socket",
+    "{host}:{pid}:{tid} [{r}] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0",
+]
+NCCL_WARN = [
+    "{host}:{pid}:{tid} [{r}] NCCL WARN NET/IB : Got async event : GID table change",
+    "{host}:{pid}:{tid} [{r}] NCCL WARN Failed to open libibverbs.so[.1]",
+    "{host}:{pid}:{tid} [{r}] NCCL WARN Could not find real path of /sys/class/pci_bus/0000:{r}a/../../0000:{r}a:00.0",
+]
+WARNINGS = [
+    "/opt/conda/lib/python3.11/site-packages/torch/utils/checkpoint.py:295: UserWarning: torch.utils.checkpoint: "
+    "the use_reentrant parameter should be passed explicitly.",
+    "/opt/conda/lib/python3.11/site-packages/torch/cuda/amp/grad_scaler.py:126: FutureWarning: warning: "
+    "`torch.cuda.amp.GradScaler(args...)` is deprecated. Please use `torch.amp.GradScaler('cuda', args...)` instead.",
+    "warning: `resume_download` is deprecated and will be removed in version 1.0.0. Downloads always resume when possible.",
+    "[rank{r}]:[W1129 02:13:55.412000 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank {r}]  using GPU {r} to perform "
+    "barrier as devices used by this process are currently unknown. This can potentially cause a hang if this rank to "
+    "GPU mapping is incorrect.",
+    "[rank{r}]: W1129 02:13:55.41 torch/_dynamo/convert_frame.py:844] torch._dynamo hit config.cache_size_limit (8)",
+    "wandb: WARNING Step must only increase in log calls. Step 40 < 41; dropping {{'loss': 0.7}}.",
+    "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - Cannot "
+    "assign requested address).",
+]
+# Python warnings with the word Error in them; the last is a caught, retried error that a library
+# printed at the start of a line: the exception pattern flags it.
+ERROR_WORDS = [
+    "/opt/conda/lib/python3.11/site-packages/torch/autograd/graph.py:825: UserWarning: Error detected in "
+    "CudnnConvolutionBackward0. Traceback of forward call that caused the error:",
+    "/opt/conda/lib/python3.11/site-packages/datasets/load.py:1491: FutureWarning: The repository for c4 contains "
+    "custom code; an ImportError will be raised in a future version.",
+    "ConnectionResetError: [Errno 104] Connection reset by peer (wandb retrying upload, attempt {a})",
+]
 FAILURE = """[rank3]: Traceback (most recent call last):
 [rank3]:   File "/workspace/train.py", line 311, in <module>
 [rank3]:     loss.backward()
 [rank3]:   File "/opt/conda/lib/python3.11/site-packages/torch/_tensor.py", line 626, in backward
+[rank3]:     torch.autograd.backward(
+[rank3]:   File "/opt/conda/lib/python3.11/site-packages/torch/autograd/graph.py", line 825, in _engine_run_backward
+[rank3]:     return Variable._execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass
 [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 3 has a total capacity of 79.19 GiB of which 1.02 GiB is free.
 """
 CASCADE = """[rank0]:[E1129 02:47:21.715298746 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=91842, OpType=ALLREDUCE, NumelIn=86567656, NumelOut=86567656, Timeout(ms)=600000) ran for 600085 milliseconds before timing out.
@@ -39,37 +80,56 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 """
 
 
+def _tqdm(step: int, rng: random.Random) -> str:
+    """A tqdm bar written to a file: a dozen screen states joined by carriage returns, then a newline."""
+    states = []
+    for tick in range(step, step + 12):
+        done = tick % 10000
+        pct = done // 100
+        bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+        states.append(
+            f"Epoch {tick // 10000}: {pct:3d}%|{bar}| {done}/10000 [{tick // 3600:02d}:{tick // 60 % 60:02d}<"
+            f"{rng.randint(10, 59)}:{rng.randint(10, 59)}, {rng.uniform(1, 3):.2f}it/s, loss={rng.uniform(0.1, 4):.4f}, "
+            f"lr={rng.uniform(1e-5, 1e-3):.2e}]"
+        )
+    return "\r".join(states)
+
+
 def generate_log(path: Path, size: int, seed: int = 7) -> None:
+    """A realistic training log of ``size`` bytes: tqdm bars, per-step metrics, NCCL chatter (INFO and
+    harmless WARN lines by the thousand), deprecation warnings, Python warnings that say Error, then one
+    CUDA OOM traceback at 97% of the file and the torchrun cascade after it."""
     rng = random.Random(seed)
-    warnings = [
-        "/opt/conda/lib/python3.11/site-packages/torch/utils/checkpoint.py:295: UserWarning: torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly.",
-        "[rank{r}]: NCCL INFO Channel 03/24 : 0[0] -> 1[1] via P2P/CUMEM/read",
-        "[rank{r}]: W1129 02:13:55.41 torch/_dynamo/convert_frame.py:844] torch._dynamo hit config.cache_size_limit (8)",
-        "wandb: WARNING Step must only increase in log calls. Step 40 < 41; dropping {{'loss': 0.7}}.",
-    ]
-    failure_at = int(size * 0.7)
+    host, pid = "gpu-node-07", 140281
+    failure_at = int(size * 0.97)
     written = 0
     step = 0
-    with path.open("w", encoding="utf-8") as out:
+    with path.open("w", encoding="utf-8", newline="") as out:
         failed = False
         while written < size:
             lines = []
-            for _ in range(200):
+            for _ in range(100):
                 step += 1
-                pct = step % 10000 // 100
+                r = rng.randint(0, 7)
+                lines.append(_tqdm(step, rng))
                 lines.append(
-                    f"epoch {step // 10000}: {pct:3d}%|{'█' * (pct // 10):<10}| {step % 10000}/10000 "
-                    f"[{step // 60:02d}:{step % 60:02d}<12:{rng.randint(10, 59)}, {rng.uniform(1, 3):.2f}it/s, "
-                    f"loss={rng.uniform(0.1, 4):.4f}, lr={rng.uniform(1e-5, 1e-3):.2e}]\r"
-                    f"epoch {step // 10000}: {pct:3d}%|{'█' * (pct // 10):<10}| {step % 10000 + 1}/10000"
-                )
-                lines.append(
-                    f"2026-11-29 02:{step % 60:02d}:{rng.randint(0, 59):02d},{rng.randint(0, 999):03d} INFO "
-                    f"[trainer.py:412] step={step} loss={rng.uniform(0.1, 4):.5f} grad_norm={rng.uniform(0.1, 9):.3f} "
+                    f"2026-11-29 02:{step // 60 % 60:02d}:{step % 60:02d},{rng.randint(0, 999):03d} INFO [trainer.py:412] "
+                    f"step={step} loss={rng.uniform(0.1, 4):.5f} grad_norm={rng.uniform(0.1, 9):.3f} "
                     f"tokens/s={rng.randint(90000, 140000)} mem_alloc={rng.uniform(60, 78):.1f}GB"
                 )
-                if rng.random() < 0.02:
-                    lines.append(rng.choice(warnings).format(r=rng.randint(0, 7)))
+                lines.append(
+                    f"{{'loss': {rng.uniform(0.1, 4):.4f}, 'grad_norm': {rng.uniform(0.1, 9):.4f}, "
+                    f"'learning_rate': {rng.uniform(1e-5, 1e-3):.3e}, 'epoch': {step / 10000:.2f}}}"
+                )
+                fields = {"host": host, "pid": pid + r, "tid": 140400 + r, "r": r, "n": (r + 1) % 8, "c": step % 24}
+                for _ in range(rng.randint(0, 4)):
+                    lines.append(rng.choice(NCCL_INFO).format(**fields))
+                if rng.random() < 0.12:
+                    lines.append(rng.choice(NCCL_WARN).format(**fields))
+                if rng.random() < 0.04:
+                    lines.append(rng.choice(WARNINGS).format(r=r))
+                if rng.random() < 0.0005:
+                    lines.append(rng.choice(ERROR_WORDS).format(a=rng.randint(1, 5)))
             block = "\n".join(lines) + "\n"
             out.write(block)
             written += len(block.encode())

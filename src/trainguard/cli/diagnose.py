@@ -12,7 +12,7 @@ import click
 
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
-from trainguard.diagnosis.scan import read_blocks
+from trainguard.diagnosis.scan import LogFile, read_blocks
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, Report, investigate
 from trainguard.probes import kernel_log
@@ -124,7 +124,7 @@ def diagnose(
                 raise InputError(f"no such file or run: {target}", f"没有这个文件或运行：{target}")
             handle = stack.enter_context(open_log(target))
             mtimes.append(os.fstat(handle.fileno()).st_mtime)
-            sources.append(LogSource(target if len(targets) > 1 else None, read_blocks(handle)))
+            sources.append(LogSource(target if len(targets) > 1 else None, LogFile(handle)))
         kernel_lines = _kernel_lines(kernel_spec, mtimes, now, warnings)
         try:
             report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines)
