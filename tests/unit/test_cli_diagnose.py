@@ -174,3 +174,23 @@ def test_readable_but_odd_logs_get_a_diagnosis(tmp_path: Path) -> None:
     nul_tail = tmp_path / "crashed.log"
     nul_tail.write_bytes(b"step 1\n" * 20_000 + OOM_LINE.encode() + b"\x00" * 4096)
     assert json.loads(run(str(nul_tail), "--json").stdout)["cause"] == "cuda_oom"
+
+
+def test_a_large_log_file_gets_the_same_diagnosis_as_the_same_log_on_stdin(tmp_path: Path) -> None:
+    # A file of this size is scanned in ranges by several processes where the machine has the
+    # cores; standard input is read in one pass. Lines, evidence and numbers must be the same.
+    chatter = (
+        b"Epoch 1:  10%|#         | 1000/10000 [01:23<10:12, 14.3it/s, loss=0.4123]\r"
+        b"Epoch 1:  10%|#         | 1001/10000 [01:23<10:12, 14.3it/s, loss=0.4120]\n"
+        b"gpu-node-07:1402:1405 [3] NCCL WARN NET/IB : Got async event : GID table change\n"
+        b"2026-11-29 02:13:55,412 INFO [trainer.py:412] step=1000 loss=0.41230 grad_norm=1.234\n"
+    )
+    body = chatter * (20 * 1024 * 1024 // len(chatter))
+    log = tmp_path / "train.log"
+    log.write_bytes(body[: len(body) // 3] + OOM_LINE.encode() + body + OOM_LINE.encode() + b"Killed\n")
+    from_file = run(str(log), "--json")
+    from_stdin = run("-", "--json", stdin=log.read_bytes())
+    assert from_file.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
+    lines = [e["line"] for e in json.loads(from_file.stdout)["evidence"] if "CUDA out of memory" in e["text"]]
+    assert lines[-1] == log.read_bytes().count(b"\n") - 1

@@ -12,6 +12,7 @@ from trainguard.diagnosis.scan import (
     BLOCK_SIZE,
     MAX_LINE,
     MAX_TEXT,
+    MAX_WORKERS,
     PARALLEL_MIN_RANGE,
     LineMatch,
     LogFile,
@@ -257,5 +258,5 @@ def test_a_large_file_is_split_across_the_usable_cpus(tmp_path: Path, monkeypatc
     line = b"step=1 loss=0.5 lr=3e-4 " + b"." * 100 + b"\n"
     data = line * (2 * PARALLEL_MIN_RANGE // len(line) + 1) + OOM + b"\n"
     result, forks = in_ranges(tmp_path, data, None, monkeypatch)
-    assert forks == min(cpus, len(data) // PARALLEL_MIN_RANGE) - 1
+    assert forks == min(cpus, MAX_WORKERS, len(data) // PARALLEL_MIN_RANGE) - 1
     assert [m.line for m in result.matches if m.signature.id == "cuda_oom_message"] == [data.count(b"\n")]

@@ -15,7 +15,6 @@ from trainguard.diagnosis.evidence import ExitStatus, KernelLine
 from trainguard.diagnosis.scan import LogFile, read_blocks
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, Report, investigate
-from trainguard.probes import kernel_log
 from trainguard.probes.log_files import open_log
 
 # A job's death and the kernel's record of it happen within moments of the log's last write; the
@@ -40,6 +39,8 @@ def _parse_exit_code(_ctx: click.Context, _param: click.Parameter, value: str | 
 def _kernel_lines(spec: str | None, mtimes: list[float], now: float, warn: list[str]) -> list[KernelLine]:
     if spec is None:
         return []
+    from trainguard.probes import kernel_log
+
     if spec != "auto":
         try:
             return kernel_log.read_saved(spec, now=now)

@@ -33,9 +33,12 @@ MAX_LINE = 2 * 1024 * 1024
 MAX_TEXT = 400
 # How many occurrences of each signature are kept (the earliest ones, plus always the last one).
 KEEP_FIRST = 5
-# A file is scanned in several ranges at once only where each range holds at least this much: below
-# it, starting a process costs more than it saves.
-PARALLEL_MIN_RANGE = 16 * 1024 * 1024
+# A file is scanned in several ranges at once only where each range holds at least this much: a
+# worker process costs ~3 ms to start and join, a range of 8 MiB ~10 ms to scan on one core.
+PARALLEL_MIN_RANGE = 8 * 1024 * 1024
+# At most this many worker processes: a log is often read on a machine whose other cores feed a
+# training job's data loaders, and the page cache's bandwidth is shared by all of them anyway.
+MAX_WORKERS = 8
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -429,9 +432,14 @@ def _range_cuts(fd: int, start: int, end: int, parts: int) -> list[int]:
     return cuts
 
 
-def _threads_running() -> bool:
+def _can_fork() -> bool:
+    """Whether a worker can be forked without exec: never beside other threads (one of them may hold
+    a lock the child would wait on forever), and not on macOS, whose system libraries start threads
+    Python does not see."""
+    if not hasattr(os, "fork") or sys.platform == "darwin":
+        return False
     threading = sys.modules.get("threading")
-    return threading is not None and threading.active_count() > 1
+    return threading is None or threading.active_count() == 1
 
 
 class Scanner:
@@ -465,9 +473,10 @@ class Scanner:
         self, handle: BinaryIO, *, start: int = 0, end: int | None = None, parts: int | None = None
     ) -> ScanResult:
         """Scans bytes [start, end) of an open file. A regular file is read by position in up to
-        ``parts`` ranges cut at line ends (default: one per usable CPU, none under PARALLEL_MIN_RANGE
-        bytes), each scanned by its own process, then joined: the same result as reading it in one
-        pass, in a fraction of the time. The bytes are never all in memory at once."""
+        ``parts`` ranges cut at line ends (default: one per usable CPU up to MAX_WORKERS, each of at
+        least PARALLEL_MIN_RANGE bytes), each scanned by its own process, then joined: the same
+        result as reading it in one pass, in a fraction of the time. The bytes are never all in
+        memory at once."""
         fd = handle.fileno()
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # a pipe or a device: read on from where it stands
@@ -475,11 +484,8 @@ class Scanner:
         end = info.st_size if end is None else min(end, info.st_size)
         start = min(start, end)
         if parts is None:
-            parts = min(_usable_cpus(), (end - start) // PARALLEL_MIN_RANGE)
-        if parts > 1 and hasattr(os, "fork") and not _threads_running():
-            cuts = _range_cuts(fd, start, end, parts)
-        else:
-            cuts = [start, end]
+            parts = min(_usable_cpus(), MAX_WORKERS, (end - start) // PARALLEL_MIN_RANGE)
+        cuts = _range_cuts(fd, start, end, parts) if parts > 1 and _can_fork() else [start, end]
         return self._result(self._scan_ranges(fd, cuts))
 
     def _scan_range(self, fd: int, start: int, end: int) -> _Collector:
