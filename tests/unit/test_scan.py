@@ -260,3 +260,36 @@ def test_a_large_file_is_split_across_the_usable_cpus(tmp_path: Path, monkeypatc
     result, forks = in_ranges(tmp_path, data, None, monkeypatch)
     assert forks == min(cpus, MAX_WORKERS, len(data) // PARALLEL_MIN_RANGE) - 1
     assert [m.line for m in result.matches if m.signature.id == "cuda_oom_message"] == [data.count(b"\n")]
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_blocks_searched_only_for_each_signatures_first_match_give_the_same_last_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parts: int
+) -> None:
+    # Several MiB where signatures have their five first lines early and then come back block
+    # after block: a file's blocks are then searched for the first match of each signature only,
+    # and the last line is found again in the last block that holds one.
+    rng = random.Random(parts)
+    oom_kill = b"[3017506.733819] Out of memory: Kill process 25635 (python) score 974 or sacrifice child"
+    lines = [oom_kill] * 6 + [OOM] * 6
+    for _ in range(80000):
+        pick = rng.random()
+        lines.append(OOM if pick < 0.0005 else oom_kill if pick < 0.0007 else filler(rng, 1).rstrip(b"\n"))
+    lines += [OOM] + [b"step 1"] * 50 + [OOM, oom_kill]
+    last_oom = b"\n".join(lines).count(b"\n")
+    last_kill = last_oom + 1
+    # Then more than a block where Hyperscan matches kernel_oom_kill across two lines ("Out of memory"
+    # ending one, "Killed process" starting the next), which re rejects: such blocks do not hold the
+    # signature. At the very end, a signature seen nowhere before: that block is searched in full.
+    across = b"[3017506.733819] Out of memory\nKilled process 25635 (python)"
+    for step in range(30000):
+        lines.append(across if step % 1000 == 0 else filler(rng, 1).rstrip(b"\n"))
+    lines += [b"Killed", across]
+    data = b"\n".join(lines) + b"\n"
+    assert len(data) > 5 * BLOCK_SIZE
+    expected = SCANNER.scan(small_blocks(data, 1 << 20))
+    result, _ = in_ranges(tmp_path, data, parts, monkeypatch)
+    assert result.matches == expected.matches
+    assert result.lines == expected.lines
+    assert [m.line for m in result.matches if m.signature.id == "kernel_oom_kill"][-1] == last_kill
+    assert [m.line for m in result.matches if m.signature.id == "cuda_oom_message"][-1] == last_oom

@@ -9,6 +9,7 @@ block size and a few kept lines per signature, whatever the file size. Where Hyp
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import marshal
@@ -62,8 +63,11 @@ class ScanResult:
 class _Engine(Protocol):
     name: str
 
-    def find(self, segment: bytes) -> list[tuple[int, int]]:
+    def find(self, segment: memoryview) -> list[tuple[int, int]]:
         """(signature index, offset inside the match) for candidate matches in ``segment``."""
+
+    def find_first(self, segment: memoryview) -> list[tuple[int, int]]:
+        """The same for the first candidate match of each signature only."""
 
 
 class _HyperscanEngine:
@@ -74,24 +78,37 @@ class _HyperscanEngine:
 
         expressions = [sig.pattern.encode() for sig in signatures]
         flags = [hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if sig.icase else 0) for sig in signatures]
-        key = hashlib.sha256(repr((expressions, flags, getattr(hyperscan, "__version__", ""))).encode()).hexdigest()
-        self._db = self._load(hyperscan, cache_dir, key)
-        if self._db is None:
-            self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            self._db.compile(
-                expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-            )
-            self._store(hyperscan, cache_dir, key)
-        self._scratch = hyperscan.Scratch(self._db)
+        # The patterns twice: one database reports every match, the other only the first match of
+        # each pattern (HS_FLAG_SINGLEMATCH), so that a block with thousands of lines of a signature
+        # already seen costs one Python call for it, not thousands.
+        first_flags = [flag | hyperscan.HS_FLAG_SINGLEMATCH for flag in flags]
+        key = hashlib.sha256(
+            repr((expressions, flags, first_flags, getattr(hyperscan, "__version__", ""))).encode()
+        ).hexdigest()
+        databases = self._load(hyperscan, cache_dir, key)
+        if databases is None:
+            databases = [self._compile(hyperscan, expressions, f) for f in (flags, first_flags)]
+            self._store(hyperscan, cache_dir, key, databases)
+        self._every, self._first = databases
+        self._every_scratch = hyperscan.Scratch(self._every)
+        self._first_scratch = hyperscan.Scratch(self._first)
 
-    # Compiling the database costs ~0.12 s, a third of diagnosing a 256 MB log, so a compiled copy
+    @staticmethod
+    def _compile(hyperscan: Any, expressions: list[bytes], flags: list[int]) -> Any:
+        database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        database.compile(
+            expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
+        )
+        return database
+
+    # Compiling the databases costs ~0.25 s, more than diagnosing a 512 MB log, so a compiled copy
     # is kept in the user's cache folder: named by the hash of the patterns, and checked against the
     # hash of its own bytes before it is loaded.
     @staticmethod
     def _cache_file(cache_dir: Path, key: str) -> Path:
         return cache_dir / f"signatures-{key[:24]}.hsdb"
 
-    def _load(self, hyperscan: Any, cache_dir: Path | None, key: str) -> Any:
+    def _load(self, hyperscan: Any, cache_dir: Path | None, key: str) -> list[Any] | None:
         if cache_dir is None:
             return None
         try:
@@ -101,15 +118,17 @@ class _HyperscanEngine:
         digest, payload = blob[:32], blob[32:]
         if hashlib.sha256(payload).digest() != digest:
             return None
+        split = 8 + int.from_bytes(payload[:8], "little")
         try:
-            return hyperscan.loadb(payload, hyperscan.HS_MODE_BLOCK)
+            return [hyperscan.loadb(part, hyperscan.HS_MODE_BLOCK) for part in (payload[8:split], payload[split:])]
         except hyperscan.error:
             return None
 
-    def _store(self, hyperscan: Any, cache_dir: Path | None, key: str) -> None:
+    def _store(self, hyperscan: Any, cache_dir: Path | None, key: str, databases: list[Any]) -> None:
         if cache_dir is None:
             return
-        payload = hyperscan.dumpb(self._db)
+        every, first = (hyperscan.dumpb(database) for database in databases)
+        payload = len(every).to_bytes(8, "little") + every + first
         import tempfile
 
         try:
@@ -120,14 +139,21 @@ class _HyperscanEngine:
         except OSError:
             return  # a read-only home is no reason to fail a diagnosis
 
-    def find(self, segment: bytes) -> list[tuple[int, int]]:
+    def find(self, segment: memoryview) -> list[tuple[int, int]]:
+        return self._scan(self._every, self._every_scratch, segment)
+
+    def find_first(self, segment: memoryview) -> list[tuple[int, int]]:
+        return self._scan(self._first, self._first_scratch, segment)
+
+    @staticmethod
+    def _scan(database: Any, scratch: Any, segment: memoryview) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []
         append = hits.append
 
         def on_match(sig_index: int, _start: int, end: int, _flags: int, _context: object) -> None:
             append((sig_index, end - 1))  # the match's last byte: inside the line it ends on
 
-        self._db.scan(segment, match_event_handler=on_match, scratch=self._scratch)
+        database.scan(segment, match_event_handler=on_match, scratch=scratch)
         return hits
 
 
@@ -138,7 +164,7 @@ class _ReEngine:
     def __init__(self, signatures: Sequence[Signature]) -> None:
         self._regexes = [sig.regex for sig in signatures]
 
-    def find(self, segment: bytes) -> list[tuple[int, int]]:
+    def find(self, segment: memoryview) -> list[tuple[int, int]]:
         hits = []
         for index, regex in enumerate(self._regexes):
             for count, match in enumerate(regex.finditer(segment)):
@@ -146,6 +172,9 @@ class _ReEngine:
                     break
                 hits.append((index, match.start()))
         return hits
+
+    def find_first(self, segment: memoryview) -> list[tuple[int, int]]:
+        return [(index, found.start()) for index, regex in enumerate(self._regexes) if (found := regex.search(segment))]
 
 
 def _make_engine(signatures: Sequence[Signature], prefer: str | None, cache_dir: Path | None) -> _Engine:
@@ -208,46 +237,103 @@ class _Collector:
 
     A line is a match when Hyperscan flags it and Python's ``re`` finds the pattern in the line by
     itself. Lines are what decide, never where the segments were cut, so scanning a file in one
-    range or in several gives the same matches."""
+    range or in several gives the same matches.
 
-    def __init__(self, scanner: Scanner) -> None:
+    With ``reread`` (bytes [offset, offset + length) of the run, read again), a segment in which
+    every signature present already has its first lines is only searched for the first match of
+    each: that it holds one is noted, and the last such segment of each signature is read again at
+    the end to find its last line. Without it (a stream), every segment is searched for every match."""
+
+    def __init__(self, scanner: Scanner, reread: Callable[[int, int], bytes] | None = None) -> None:
         self._signatures = scanner.signatures
         self._engine = scanner._engine
         self._keep_first = scanner._keep_first
+        self._reread = reread
         self.first: dict[int, list[_Kept]] = {}
         self.last: dict[int, _Kept] = {}
+        # signature -> (offset, length, newlines before) of the latest segment that holds a
+        # confirmed match of it, where that segment was not searched for every match
+        self._last_segment: dict[int, tuple[int, int, int]] = {}
         self.newlines = 0
         self.size = 0
         self.ends_with_newline = True
 
     def segment(self, data: bytes | bytearray, length: int) -> None:
         """Scans ``data[:length]``: whole lines, or a piece of a line longer than MAX_LINE."""
+        offset = self.size
         self.size += length
         continues_line = not self.ends_with_newline  # the previous segment was a piece of this line
         self.ends_with_newline = data[length - 1] == 0x0A
-        hits = self._engine.find(memoryview(data)[:length])
+        view = memoryview(data)[:length]
+        if self._reread is not None:
+            firsts = self._engine.find_first(view)
+            if not firsts or self._note_segment(data, length, firsts, offset):
+                self.newlines += data.count(b"\n", 0, length)
+                return
+        hits = self._engine.find(view)
         if not hits:
             self.newlines += data.count(b"\n", 0, length)
             return
-        confirmed = self._confirm(data, length, sorted(hits), continues_line)
+        hits.sort()
+        confirmed = self._confirm(data, length, hits, continues_line)
         # Line numbers only for the confirmed lines, counting newlines once across the segment.
         position = 0
         line_no = self.newlines + 1
         for line_start, sig_index, kind, line, found in sorted(confirmed, key=lambda item: (item[0], item[1])):
             line_no += data.count(b"\n", position, line_start)
             position = line_start
-            raw = line
-            if b"\r" in raw[: found.start()]:
-                raw = raw[raw.rfind(b"\r", 0, found.start()) + 1 :]  # what a terminal showed last
-            groups = {k: v.decode("utf-8", "replace") for k, v in found.groupdict().items() if v is not None}
-            kept_match = (line_no, clean_text(raw), groups)
+            kept_match = _kept(line_no, line, found)
             if kind & _FIRST:
                 kept = self.first.setdefault(sig_index, [])
                 if not kept or kept[-1][0] < line_no:
                     kept.append(kept_match)
             if kind & _LAST:
                 self.last[sig_index] = kept_match
+                self._last_segment.pop(sig_index, None)
         self.newlines = line_no - 1 + data.count(b"\n", position, length)
+
+    def _note_segment(self, data: bytes | bytearray, length: int, firsts: list[tuple[int, int]], offset: int) -> bool:
+        """Where every signature found in this segment has its first lines, and the line of its
+        first hit here is confirmed, notes the segment as the latest to hold each. False where the
+        segment must be searched for every match instead."""
+        for sig_index, hit in firsts:
+            if len(self.first.get(sig_index, ())) < self._keep_first:
+                return False
+            line_start = data.rfind(b"\n", 0, hit) + 1
+            line_end = data.find(b"\n", line_start, length)
+            line = bytes(data[line_start : line_end if line_end != -1 else length])
+            if self._signatures[sig_index].regex.search(line) is None:
+                return False  # a hit re does not confirm: the other hits here decide
+        for sig_index, _hit in firsts:
+            self._last_segment[sig_index] = (offset, length, self.newlines)
+        return True
+
+    def finish(self) -> None:
+        """Finds the last line of each signature in the segment noted as its latest."""
+        by_segment: dict[tuple[int, int, int], list[int]] = {}
+        for sig_index, where in self._last_segment.items():
+            by_segment.setdefault(where, []).append(sig_index)
+        self._last_segment = {}
+        for (offset, length, newlines), signatures in by_segment.items():
+            assert self._reread is not None
+            data = self._reread(offset, length)
+            hits = sorted(self._engine.find(memoryview(data)))
+            for sig_index in signatures:
+                begin = bisect.bisect_left(hits, (sig_index, -1))
+                end = bisect.bisect_left(hits, (sig_index + 1, -1))
+                previous = -1
+                for _sig, hit in reversed(hits[begin:end]):
+                    line_start = data.rfind(b"\n", 0, hit) + 1
+                    if line_start == previous:
+                        continue
+                    previous = line_start
+                    line_end = data.find(b"\n", line_start)
+                    line = data[line_start : line_end if line_end != -1 else length]
+                    found = self._signatures[sig_index].regex.search(line)
+                    if found is not None:
+                        line_no = newlines + 1 + data.count(b"\n", 0, line_start)
+                        self.last[sig_index] = _kept(line_no, line, found)
+                        break
 
     def _confirm(
         self, data: bytes | bytearray, length: int, hits: list[tuple[int, int]], continues_line: bool
@@ -255,7 +341,7 @@ class _Collector:
         """The lines to keep from this segment, each confirmed by ``re``: (line start, signature,
         first and/or last, the line, the match). ``hits`` is sorted by signature, then offset."""
         confirmed: dict[tuple[int, int], list[Any]] = {}
-        lines_seen: dict[int, tuple[bytes, int]] = {}
+        lines_seen: dict[int, bytes] = {}
 
         def check(sig_index: int, line_start: int, kind: int) -> bool:
             key = (line_start, sig_index)
@@ -265,20 +351,16 @@ class _Collector:
             line = lines_seen.get(line_start)
             if line is None:
                 line_end = data.find(b"\n", line_start, length)
-                raw = bytes(data[line_start : line_end if line_end != -1 else length])
-                lines_seen[line_start] = line = (raw, line_end)
-            found = self._signatures[sig_index].regex.search(line[0])
+                line = lines_seen[line_start] = bytes(data[line_start : line_end if line_end != -1 else length])
+            found = self._signatures[sig_index].regex.search(line)
             if found is None:
                 return False  # the engines disagree on this line (a match across lines): trust re
-            confirmed[key] = [line_start, sig_index, kind, line[0], found]
+            confirmed[key] = [line_start, sig_index, kind, line, found]
             return True
 
-        begin = 0
-        while begin < len(hits):
-            sig_index = hits[begin][0]
-            end = begin
-            while end < len(hits) and hits[end][0] == sig_index:
-                end += 1
+        for sig_index in dict(hits):  # each signature once, in order
+            begin = bisect.bisect_left(hits, (sig_index, -1))
+            end = bisect.bisect_left(hits, (sig_index + 1, -1))
             # The earliest lines, while the signature still needs them.
             kept = self.first.get(sig_index, ())
             wanted = self._keep_first - len(kept)
@@ -302,14 +384,15 @@ class _Collector:
                     previous = line_start
                     if check(sig_index, line_start, _LAST):
                         break
-            begin = end
         return [tuple(item) for item in confirmed.values()]  # type: ignore[misc]
 
     def export(self) -> tuple[int, int, bool, dict[int, list[_Kept]], dict[int, _Kept]]:
+        self.finish()
         return self.newlines, self.size, self.ends_with_newline, self.first, self.last
 
     def add(self, part: tuple[int, int, bool, dict[int, list[_Kept]], dict[int, _Kept]]) -> None:
         """Appends the run of lines that follows this one (it starts at a line start)."""
+        self.finish()
         newlines, size, ends_with_newline, first, last = part
         for sig_index, kept in first.items():
             mine = self.first.setdefault(sig_index, [])
@@ -323,6 +406,13 @@ class _Collector:
 
 
 _FIRST, _LAST = 1, 2
+
+
+def _kept(line_no: int, line: bytes, found: re.Match[bytes]) -> _Kept:
+    if b"\r" in line[: found.start()]:
+        line = line[line.rfind(b"\r", 0, found.start()) + 1 :]  # what a terminal showed last
+    groups = {k: v.decode("utf-8", "replace") for k, v in found.groupdict().items() if v is not None}
+    return line_no, clean_text(line), groups
 
 
 def _feed_segments(fill: Callable[[memoryview], int], collector: _Collector, size: int | None = None) -> None:
@@ -489,8 +579,9 @@ class Scanner:
         return self._result(self._scan_ranges(fd, cuts))
 
     def _scan_range(self, fd: int, start: int, end: int) -> _Collector:
-        collector = _Collector(self)
+        collector = _Collector(self, reread=lambda offset, length: os.pread(fd, length, start + offset))
         _feed_segments(_range_filler(fd, start, end), collector, end - start)
+        collector.finish()
         return collector
 
     def _scan_ranges(self, fd: int, cuts: list[int]) -> _Collector:
