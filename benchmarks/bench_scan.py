@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +129,7 @@ def generate_log(path: Path, size: int, seed: int = 7) -> None:
                 fields = {"host": host, "pid": pid + r, "tid": 140400 + r, "r": r, "n": (r + 1) % 8, "c": step % 24}
                 for _ in range(rng.randint(0, 4)):
                     lines.append(rng.choice(NCCL_INFO).format(**fields))
-                if rng.random() < 0.12:
+                if rng.random() < 0.3:
                     lines.append(rng.choice(NCCL_WARN).format(**fields))
                 if rng.random() < 0.04:
                     lines.append(rng.choice(WARNINGS).format(r=r))
@@ -170,32 +171,43 @@ def to_ere(pattern: str, icase: bool) -> str:
 
 # Linux keeps a process's RSS high-water mark across exec, so a child forked from this (large) process
 # would report our peak as its own. A tiny launcher forks the measured command and reports its wall
-# time (from its start to its exit, without the launcher's own start-up) and its peak RSS (the
-# largest of the command and the workers it waited for).
+# time (from its start to its exit, without the launcher's own start-up), its CPU time and its peak
+# RSS (each counts the worker processes it waited for; the peak is the largest of them).
 _LAUNCHER = (
     "import os, subprocess, sys, time\n"
     "start = time.perf_counter()\n"
     "child = subprocess.Popen(sys.argv[1:])\n"
     "_, status, usage = os.wait4(child.pid, 0)\n"
-    "sys.stderr.write(f'elapsed={time.perf_counter() - start} maxrss_kb={usage.ru_maxrss}\\n')\n"
+    "cpu = usage.ru_utime + usage.ru_stime\n"
+    "sys.stderr.write(f'elapsed={time.perf_counter() - start} cpu={cpu} maxrss_kb={usage.ru_maxrss}\\n')\n"
     "sys.exit(os.waitstatus_to_exitcode(status))\n"
 )
 
 
-def timed(command: list[str], env: dict | None = None, timeout: float | None = None) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KB) of the command itself, and its stdout."""
-    done = subprocess.run(
-        [sys.executable, "-c", _LAUNCHER, *command], capture_output=True, env=env, check=False, timeout=timeout
-    )
+@dataclass
+class Timing:
+    wall: float  # seconds
+    cpu: float  # user + system seconds, the command and its workers
+    maxrss_kb: int
+    stdout: str
+
+
+def timed(command: list[str], env: dict | None = None) -> Timing:
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *command], capture_output=True, env=env, check=False)
     if done.returncode not in (0, 1):  # grep -c exits 1 when it counts zero
         raise SystemExit(f"{command[0]} failed ({done.returncode}): {done.stderr.decode()}")
-    found = re.search(rb"elapsed=([0-9.e-]+) maxrss_kb=([0-9]+)", done.stderr)
-    return float(found.group(1)), int(found.group(2)), done.stdout.decode()
+    found = re.search(rb"elapsed=([0-9.e-]+) cpu=([0-9.e-]+) maxrss_kb=([0-9]+)", done.stderr)
+    return Timing(float(found.group(1)), float(found.group(2)), int(found.group(3)), done.stdout.decode())
 
 
-def best_of(runs: int, command: list[str], env: dict | None = None) -> tuple[float, int, str]:
-    results = [timed(command, env) for _ in range(runs)]
-    return min(results, key=lambda r: r[0])
+def best_of(runs: int, commands: dict[str, tuple[list[str], dict | None]]) -> dict[str, Timing]:
+    """Each command's fastest of ``runs``, the commands taking turns: on a machine shared with other
+    work, a busy moment then slows one round of all of them rather than all runs of one."""
+    results: dict[str, list[Timing]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, (command, env) in commands.items():
+            results[name].append(timed(command, env))
+    return {name: min(timings, key=lambda t: t.wall) for name, timings in results.items()}
 
 
 def stage_profile(log: Path, patterns: list, tiny: Path, trainguard: list[str], env: dict, runs: int) -> None:
@@ -227,9 +239,9 @@ def stage_profile(log: Path, patterns: list, tiny: Path, trainguard: list[str], 
         fd = os.open(log, os.O_RDONLY)
         try:
             start, position = time.perf_counter(), 0
-            while count := os.preadv(fd, [view], position):
-                position += count
-                work(count)
+            while got := os.preadv(fd, [view], position):
+                position += got
+                work(got)
             return time.perf_counter() - start
         finally:
             os.close(fd)
@@ -237,7 +249,7 @@ def stage_profile(log: Path, patterns: list, tiny: Path, trainguard: list[str], 
     read = min(one_pass(read_only) for _ in range(runs))
     hyperscan_time = min(one_pass(scan) for _ in range(runs)) - read
     newline_time = min(one_pass(count) for _ in range(runs)) - read
-    startup = best_of(runs, [*trainguard[:4], str(tiny), "--json"], env)[0]
+    startup = best_of(runs, {"startup": ([*trainguard[:4], str(tiny), "--json"], env)})["startup"].wall
     print(
         f"profile, one core: read {read:.3f} s, Hyperscan {hyperscan_time:.3f} s, newline count {newline_time:.3f} s; "
         f"start-up (diagnose of a 1-line log) {startup:.3f} s"
@@ -279,19 +291,25 @@ def main() -> int:
         # Warm the page cache and the bytecode cache, then measure each best-of-N in the same run.
         timed(["cat", str(log)])
         timed(trainguard, tg_env)
-        tg_time, tg_rss, tg_out = best_of(args.runs, trainguard, tg_env)
-        grep_time, _, grep_out = best_of(args.runs, grep, grep_env)
-        rg_time, _, rg_out = best_of(args.runs, rg) if rg else (None, 0, "")
-        cause = json.loads(tg_out)["cause"]
+        commands = {"trainguard": (trainguard, tg_env), "grep": (grep, grep_env)}
+        if rg:
+            commands["rg"] = (rg, None)
+        best = best_of(args.runs, commands)
+        tg = best["trainguard"]
+        cause = json.loads(tg.stdout)["cause"]
         mb = size / 1e6
-        print(f"log: {mb:.0f} MB, {len(signatures)} signature patterns; grep counted {grep_out.strip()} matching lines")
-        print(f"trainguard diagnose: {tg_time:.3f} s  ({mb / tg_time:,.0f} MB/s)  cause={cause}  cpus={_cpus()}")
-        print(f"LC_ALL=C grep -cE:   {grep_time:.3f} s  ({mb / grep_time:,.0f} MB/s)")
-        if rg_time is not None:
-            print(f"rg -c --no-unicode:  {rg_time:.3f} s  ({mb / rg_time:,.0f} MB/s)  counted {rg_out.strip()}")
-        print(f"throughput ratio trainguard/grep = {grep_time / tg_time:.2f}  (goal >= 2.0)")
-        if rg_time is not None:
-            print(f"throughput ratio trainguard/ripgrep = {rg_time / tg_time:.2f}")
+        print(
+            f"log: {mb:.0f} MB, {len(signatures)} signature patterns; grep counted {best['grep'].stdout.strip()} lines"
+        )
+        labels = {"trainguard": "trainguard diagnose", "grep": "LC_ALL=C grep -cE", "rg": "rg -c --no-unicode"}
+        for name, timing in best.items():
+            print(
+                f"{labels[name] + ':':21}{timing.wall:.3f} s  ({mb / timing.wall:,.0f} MB/s)  cpu {timing.cpu:.3f} s"
+                + (f"  cause={cause}  cpus={_cpus()}" if name == "trainguard" else f"  counted {timing.stdout.strip()}")
+            )
+        print(f"throughput ratio trainguard/grep = {best['grep'].wall / tg.wall:.2f}  (goal >= 2.0)")
+        if rg:
+            print(f"throughput ratio trainguard/ripgrep = {best['rg'].wall / tg.wall:.2f}")
         if cause != "cuda_oom":
             print(f"WRONG DIAGNOSIS: {cause}")
             return 1
@@ -301,7 +319,7 @@ def main() -> int:
             tiny.write_text("step 1 loss 0.5\n")
             stage_profile(log, signatures, tiny, trainguard, tg_env, args.runs)
 
-        print(f"peak RSS, {mb:.0f} MB log: {tg_rss / 1024:.1f} MB")
+        print(f"peak RSS, {mb:.0f} MB log: {tg.maxrss_kb / 1024:.1f} MB")
         if not args.no_big:
             big = workdir / "big.log"
             with big.open("wb") as out:
@@ -309,10 +327,10 @@ def main() -> int:
                     with log.open("rb") as part:
                         shutil.copyfileobj(part, out, 16 * 1024 * 1024)
             timed(["cat", str(big)])
-            big_time, big_rss, _ = timed([*trainguard[:4], str(big), "--json"], tg_env)
+            big_run = timed([*trainguard[:4], str(big), "--json"], tg_env)
             print(
-                f"peak RSS, {big.stat().st_size / 1e6:.0f} MB log: {big_rss / 1024:.1f} MB  "
-                f"(goal: well under 200 MB and independent of size; scan {big.stat().st_size / 1e6 / big_time:,.0f} MB/s)"
+                f"peak RSS, {big.stat().st_size / 1e6:.0f} MB log: {big_run.maxrss_kb / 1024:.1f} MB  "
+                f"(goal: well under 200 MB and independent of size; scan {big.stat().st_size / 1e6 / big_run.wall:,.0f} MB/s)"
             )
     finally:
         if args.keep:
