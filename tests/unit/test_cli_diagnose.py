@@ -103,7 +103,8 @@ def test_a_saved_kernel_log_makes_a_bare_killed_certain(tmp_path: Path) -> None:
     assert any(e["source"] == "kernel" for e in certain["evidence"])
 
 
-def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path, home: Path) -> None:
+    # A state folder of its own: with runs recorded, a missing file's name is looked up as a run id.
     assert "no such file or run" in one_line_error(run(str(tmp_path / "missing.log")))
     assert "is a directory" in one_line_error(run(str(tmp_path)))
     model = tmp_path / "model.bin"
@@ -147,7 +148,7 @@ def test_unreadable_saved_kernel_log_and_bad_exit_codes(tmp_path: Path) -> None:
         assert "--exit-code" in one_line_error(run(str(log), "--exit-code", bad))
 
 
-def test_usage_errors_are_one_line() -> None:
+def test_usage_errors_are_one_line(home: Path) -> None:
     assert "--bogus" in one_line_error(run("--bogus"))
     assert "--lang" in one_line_error(run("x", "--lang", "fr"))
     zh = one_line_error(run("/nonexistent/x.log", env={"LANG": "zh_CN.UTF-8"}))
