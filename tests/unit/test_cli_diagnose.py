@@ -152,7 +152,7 @@ def test_unreadable_saved_kernel_log_and_bad_exit_codes(tmp_path: Path) -> None:
         assert "--exit-code" in one_line_error(run(str(log), "--exit-code", bad))
 
 
-def test_usage_errors_are_one_line() -> None:
+def test_usage_errors_are_one_line(home: Path) -> None:
     assert "--bogus" in one_line_error(run("--bogus"))
     assert "--lang" in one_line_error(run("x", "--lang", "fr"))
     zh = one_line_error(run("/nonexistent/x.log", env={"LANG": "zh_CN.UTF-8"}))
@@ -187,3 +187,23 @@ def test_a_reader_that_leaves_early_is_not_an_error() -> None:
         done = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m trainguard {command} | head -c 10"],
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 0 and done.stderr == "", (command, done.returncode, done.stderr)
+
+
+def test_a_large_log_file_gets_the_same_diagnosis_as_the_same_log_on_stdin(tmp_path: Path) -> None:
+    # A file of this size is scanned in ranges by several processes where the machine has the
+    # cores; standard input is read in one pass. Lines, evidence and numbers must be the same.
+    chatter = (
+        b"Epoch 1:  10%|#         | 1000/10000 [01:23<10:12, 14.3it/s, loss=0.4123]\r"
+        b"Epoch 1:  10%|#         | 1001/10000 [01:23<10:12, 14.3it/s, loss=0.4120]\n"
+        b"gpu-node-07:1402:1405 [3] NCCL WARN NET/IB : Got async event : GID table change\n"
+        b"2026-11-29 02:13:55,412 INFO [trainer.py:412] step=1000 loss=0.41230 grad_norm=1.234\n"
+    )
+    body = chatter * (20 * 1024 * 1024 // len(chatter))
+    log = tmp_path / "train.log"
+    log.write_bytes(body[: len(body) // 3] + OOM_LINE.encode() + body + OOM_LINE.encode() + b"Killed\n")
+    from_file = run(str(log), "--json")
+    from_stdin = run("-", "--json", stdin=log.read_bytes())
+    assert from_file.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
+    lines = [e["line"] for e in json.loads(from_file.stdout)["evidence"] if "CUDA out of memory" in e["text"]]
+    assert lines[-1] == log.read_bytes().count(b"\n") - 1

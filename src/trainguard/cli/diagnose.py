@@ -12,10 +12,9 @@ import click
 
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
-from trainguard.diagnosis.scan import read_blocks
+from trainguard.diagnosis.scan import LogFile, read_blocks
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, Report, investigate
-from trainguard.probes import kernel_log
 from trainguard.probes.log_files import open_log
 
 # A job's death and the kernel's record of it happen within moments of the log's last write; the
@@ -43,6 +42,8 @@ def _kernel_lines(
     """The kernel log's lines around the death, and whether a kernel log could be read at all."""
     if spec is None:
         return [], False
+    from trainguard.probes import kernel_log
+
     if spec != "auto":
         try:
             return kernel_log.read_saved(spec, now=now), True
@@ -128,7 +129,7 @@ def diagnose(
                                  f"{target}：文件不存在，也没有这个名称或 id 的运行")  # fmt: skip
             handle = stack.enter_context(open_log(target))
             mtimes.append(os.fstat(handle.fileno()).st_mtime)
-            sources.append(LogSource(target if len(targets) > 1 else None, read_blocks(handle)))
+            sources.append(LogSource(target if len(targets) > 1 else None, LogFile(handle)))
         kernel_lines, kernel_readable = _kernel_lines(kernel_spec, mtimes, now, warnings)
         try:
             report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -11,8 +12,35 @@ from trainguard import __version__
 from trainguard._i18n import choose_language
 from trainguard.errors import TrainguardError, UsageError
 
+# Each command's module is imported only when that command runs: `trainguard diagnose` should not pay
+# for the supervisor, the exporter and psutil (a third of its start-up before this table).
+_COMMANDS = {
+    "adopt": "trainguard.cli.runs",
+    "demo": "trainguard.cli.demo",
+    "diagnose": "trainguard.cli.diagnose",
+    "doctor": "trainguard.cli.doctor",
+    "exporter": "trainguard.cli.runs",
+    "logs": "trainguard.cli.runs",
+    "ps": "trainguard.cli.runs",
+    "report": "trainguard.cli.runs",
+    "restart": "trainguard.cli.runs",
+    "run": "trainguard.cli.runs",
+    "status": "trainguard.cli.runs",
+    "stop": "trainguard.cli.runs",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*_COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            self.add_command(getattr(importlib.import_module(_COMMANDS[cmd_name]), cmd_name))
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="trainguard")
 def cli() -> None:
     """trainguard keeps GPU training jobs alive.
@@ -30,16 +58,6 @@ def cli() -> None:
     trainguard exporter          Prometheus metrics of runs, GPUs and the host
     trainguard report RUN        an HTML timeline of a run: resources, attempts, causes
     """
-
-
-def _register() -> None:
-    from trainguard.cli.demo import demo
-    from trainguard.cli.diagnose import diagnose
-    from trainguard.cli.doctor import doctor
-    from trainguard.cli.runs import adopt, exporter, logs, ps, report, restart, run, status, stop
-
-    for command in (demo, run, ps, status, logs, stop, restart, adopt, diagnose, doctor, exporter, report):
-        cli.add_command(command)
 
 
 def _require_separator(args: list[str]) -> None:
@@ -72,7 +90,6 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register()
     lang = choose_language(None, os.environ)
     try:
         args = sys.argv[1:] if argv is None else argv
