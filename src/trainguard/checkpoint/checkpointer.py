@@ -356,7 +356,9 @@ class Checkpointer:
             return
         data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else _direct_chunks(tensors, specs)
         prune(self.directory, self.keep)  # what a kill between an earlier save and its pruning left
-        self.last_saved = write_checkpoint(self.directory, step, tree, data)
+        saved_at = time.time()
+        self.last_saved = write_checkpoint(self.directory, step, tree, data, wall_time=saved_at)
+        progress.report_saved(step, str(self.last_saved), saved_at)
         prune(self.directory, self.keep, protect=self.last_saved)
 
     def _check_room_on_disk(self, step: int, needed: int) -> None:
@@ -433,6 +435,7 @@ class Checkpointer:
         if self._writer is None:
             return None
         started = self._writer.submitted_at
+        job = self._writer.in_flight
         try:
             path = self._writer.wait(timeout_s=max(0.0, self._stuck_after() - self._writer.in_flight_for()))
         except WriterStuck:
@@ -441,6 +444,8 @@ class Checkpointer:
         if path is not None:
             self.last_saved = path
             self._expected_save_s = time.monotonic() - started
+            if job is not None:
+                progress.report_saved(job["step"], str(path), job["time"])
         return path
 
     def _write_staged(self, job: dict[str, Any]) -> Path:
