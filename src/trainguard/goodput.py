@@ -210,7 +210,7 @@ def _step_points(
     points: list[tuple[float, float | None]] = [(first, first_step)]
     saved = [(c.time, float(c.step)) for c in checkpoints if c.step is not None and first < c.time <= end]
     for when, step in sorted([*saved, (last, max(first_step, last_step))]):
-        if when < first or step < points[-1][1] or (when > last and step <= last_step):
+        if when <= points[-1][0] or step < points[-1][1] or (when > last and step <= last_step):
             continue
         points.append((when, step))
     return points
@@ -327,9 +327,7 @@ def compute(
         _cut(segments, _newest_before(previous.ended_at, checkpoints), loss)
     kept = sum(seg.t1 - seg.t0 for seg in segments)
     measured_by = "mixed" if len(methods) > 1 else (methods.pop() if methods else "steps")
-    ordered_losses = tuple(
-        loss for _, loss in sorted(losses.items()) if loss.cause is not None or loss.total_s > 0
-    )
+    ordered_losses = tuple(loss for _, loss in sorted(losses.items()) if loss.cause is not None or loss.total_s > 0)
     return Goodput(wall, training, kept, overhead, paused, ordered_losses, measured_by)
 
 

@@ -27,9 +27,9 @@ import psutil
 
 from trainguard import causes, progress
 from trainguard._proc import ProcessRef, start_time
+from trainguard.checkpoint import layouts
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
-from trainguard.checkpoint import layouts
 from trainguard.diagnosis.signatures import Role
 from trainguard.monitor.exporter import TrainguardCollector, kernel_xid_counter, serve
 from trainguard.monitor.notify import from_record
@@ -87,6 +87,7 @@ class _AttemptWatch:
     last_checkpoint: str | None = None
     last_progress_saved: float = 0.0
     hung: bool = False
+    silent_since: float | None = None  # a hung job's last output, wall time
     pidfd: int | None = None
     kernel: kernel_log.KernelTail | None = None
     pids: set[int] = field(default_factory=set)
@@ -460,6 +461,7 @@ class Supervisor:
                 self.monitor.tick(watch.process.pid)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
+                    watch.silent_since = self._last_active(watch, watch.attempt)  # before markers are added
                     self._dump_stacks(watch, n)
                     silent = now - watch.last_progress_mono
                     self.journal.event("hang", {"attempt": n, "silent_s": silent})
@@ -515,6 +517,8 @@ class Supervisor:
         """When the job was last seen active, wall time: its last output (the log's modification
         time), else the supervisor's last sight of progress (output, a checkpoint, a step)."""
         ended = attempt.ended_at or time.time()
+        if watch.silent_since is not None:
+            return min(ended, watch.silent_since)
         if watch.log_fd is not None:
             with contextlib.suppress(OSError):
                 return min(ended, os.fstat(watch.log_fd).st_mtime)
