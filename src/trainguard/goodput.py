@@ -362,3 +362,38 @@ def checkpoint_marks(events: Iterable[Mapping[str, Any]]) -> list[CheckpointMark
 def of_run(run: Any, events: Iterable[Mapping[str, Any]], *, now: float) -> Goodput:
     """The goodput of a registry ``Run`` from its recorded events."""
     return compute(attempt_records(run.attempts), checkpoint_marks(events), now=now, run_active=run.active)
+
+
+def describe(result: Goodput, lang: str = "en") -> str:
+    """One line a person reads: the ratio, the wall time, and what the losses were."""
+    from trainguard.units import format_duration as d
+
+    if result.ratio is None:
+        return "no attempt has run yet" if lang != "zh" else "尚无已运行的尝试"
+    pct = f"{100 * result.ratio:.0f}%"
+    lost = result.lost_by_kind()
+    if lang == "zh":
+        text = f"{pct}（墙钟时间 {d(result.wall_s)} 中保留的训练 {d(result.kept_s)}）"
+        if any(lost.values()):
+            text += (f"；损失：重算 {d(lost['recomputed'])}，重启 {d(lost['restart'])}，"
+                     f"停滞 {d(lost['stalled'])}")  # fmt: skip
+        return text
+    text = f"{pct} ({d(result.kept_s)} of training kept in {d(result.wall_s)} wall time)"
+    if any(lost.values()):
+        text += (f"; lost: {d(lost['recomputed'])} recomputed, {d(lost['restart'])} restarting, "
+                 f"{d(lost['stalled'])} stalled")  # fmt: skip
+    return text
+
+
+def describe_loss(loss: Loss, lang: str = "en") -> str:
+    from trainguard.units import format_duration as d
+
+    if lang == "zh":
+        steps = f"（{loss.recomputed_steps} 步）" if loss.recomputed_steps else ""
+        cause = loss.cause or "按请求停止"
+        return (f"第 {loss.attempt} 次尝试（{cause}）：重算 {d(loss.recomputed_s)}{steps}，重启 {d(loss.restart_s)}，"
+                f"停滞 {d(loss.stalled_s)}")  # fmt: skip
+    steps = f" ({loss.recomputed_steps} steps)" if loss.recomputed_steps else ""
+    cause = loss.cause or "stopped on request"
+    return (f"attempt {loss.attempt} ({cause}): {d(loss.recomputed_s)} recomputed{steps}, "
+            f"{d(loss.restart_s)} restarting, {d(loss.stalled_s)} stalled")  # fmt: skip
