@@ -29,6 +29,7 @@ def cli() -> None:
     trainguard doctor            what will kill it, before it does
     trainguard exporter          Prometheus metrics of runs, GPUs and the host
     trainguard report RUN        an HTML timeline of a run: resources, attempts, causes
+    trainguard top               a live view of the runs, GPUs and host (keys: log, diagnosis, stop)
     """
 
 
@@ -37,8 +38,9 @@ def _register() -> None:
     from trainguard.cli.diagnose import diagnose
     from trainguard.cli.doctor import doctor
     from trainguard.cli.runs import adopt, exporter, logs, ps, report, restart, run, status, stop
+    from trainguard.cli.top import top
 
-    for command in (demo, run, ps, status, logs, stop, restart, adopt, diagnose, doctor, exporter, report):
+    for command in (demo, run, ps, status, logs, stop, restart, adopt, diagnose, doctor, exporter, report, top):
         cli.add_command(command)
 
 
