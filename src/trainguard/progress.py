@@ -11,11 +11,16 @@ stop are written at once.
 Fields (all optional): ``step`` and ``step_time`` (the newest step reached, wall time), ``first_step``
 and ``first_step_time`` (the first step of this attempt: when it was training again),
 ``resumed_step``, ``stop_signal`` and ``stop_time`` (a SIGTERM/SIGUSR1 made the job save and stop),
-``checkpoint_dir`` (the folder the job's checkpoints really go to), ``pid``, ``rank``.
+``checkpoint_dir`` (the folder the job's checkpoints really go to), ``saves`` (the newest
+checkpoints the job completed, ``[step, time, path]`` each: the supervisor records them even when
+pruning removes them before it looks at the folder), ``pid``, ``rank``. The
+supervisor adds ``last_active_time`` when the attempt ends: when it last saw the job active (output,
+a checkpoint, a step), which a hang's silence or a kill between two reports leaves behind ``step_time``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import json
@@ -26,9 +31,12 @@ from typing import Any
 
 PROGRESS_FILE_ENV = "TRAINGUARD_PROGRESS_FILE"
 PROGRESS_INTERVAL_S = 2.0
+SAVES_KEPT = 32  # saves listed in the record: more than a job completes between two of its writes
 
 _record: dict[str, Any] = {}
 _last_write = 0.0
+_unwritten = False  # the record changed since it was last written
+_flush_registered = False
 
 
 def _target() -> str | None:
@@ -40,11 +48,15 @@ def _target() -> str | None:
 
 
 def _write(now: float) -> None:
-    global _last_write
+    global _last_write, _unwritten, _flush_registered
     target = _target()
     if target is None:
         return
+    if not _flush_registered:  # the steps since the last write reach the supervisor at a normal exit
+        _flush_registered = True
+        atexit.register(_flush)
     _last_write = now
+    _unwritten = False
     _record.update(pid=os.getpid(), rank=int(os.environ.get("RANK") or 0))
     try:
         folder = os.path.dirname(os.path.abspath(target))
@@ -56,8 +68,16 @@ def _write(now: float) -> None:
             os.unlink(out.name)  # a full disk must not stop the training: the report is lost, not the job
 
 
+def _flush() -> None:
+    if _unwritten:
+        _write(time.time())
+
+
 def report_step(step: int, *, force: bool = False) -> None:
-    """The job reached ``step``. Cheap enough to call every step: written at most every 2 s."""
+    """The job reached ``step``. Cheap enough to call every step: written at most every 2 s (and at
+    exit)."""
+    global _unwritten
+    _unwritten = True
     now = time.time()
     if "first_step" not in _record:
         _record.update(first_step=step, first_step_time=now)
@@ -79,6 +99,16 @@ def report_checkpoint_dir(path: str) -> None:
     if _record.get("checkpoint_dir") != path:
         _record["checkpoint_dir"] = path
         _write(time.time())
+
+
+def report_saved(step: int, path: str, saved_at: float | None = None) -> None:
+    """A checkpoint of ``step`` is complete on disk at ``path`` (``saved_at``: the time its manifest
+    holds). Written with the next report: frequent saves cost no extra write."""
+    global _unwritten
+    _unwritten = True
+    saves = _record.setdefault("saves", [])
+    saves.append([int(step), time.time() if saved_at is None else float(saved_at), os.path.abspath(path)])
+    del saves[:-SAVES_KEPT]
 
 
 def report_stop(signal_number: int, step: int | None = None) -> None:

@@ -51,3 +51,28 @@ def parse_size(value: int | str) -> int:
     if size <= 0:
         raise ValueError(f"a size must be positive: {value!r}")
     return size
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: "0.4 s", "42 s", "7m05s", "3h12m", "2d04h"."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def format_size(size: float) -> str:
+    """Bytes in powers of 1024 with one decimal where it helps: "812 MiB", "1.5 GiB", "23 GiB"."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 10 else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,75 @@ def tg(home: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=180, check=False)  # fmt: skip
 
 
+MEMORY_LIMIT = 256 * 1024**2
+
+
 @pytest.fixture(scope="module")
-def page(tmp_path_factory) -> tuple[Path, str]:
+def home(tmp_path_factory) -> Path:
+    """A real run preempted at step 15 and resumed; its Checkpointer keeps 2 checkpoints (prunes the rest)."""
     home = tmp_path_factory.mktemp("state")
-    tg(home, "run", "--foreground", "--sample-interval", "0.2s", "--", sys.executable, "-m", "trainguard.demo.toyjob",
-       "--steps", "30", "--fault", "preempted", "--fault-step", "15", "--step-seconds", "0.05")  # fmt: skip
+    limit = ["--memory-limit", str(MEMORY_LIMIT)] if os.geteuid() == 0 else []
+    tg(home, "run", "--foreground", "--sample-interval", "0.2s", *limit, "--", sys.executable, "-m",
+       "trainguard.demo.toyjob", "--steps", "30", "--fault", "preempted", "--fault-step", "15",
+       "--step-seconds", "0.05")  # fmt: skip
+    return home
+
+
+@pytest.fixture(scope="module")
+def page(home: Path) -> tuple[Path, str]:
     run_id = json.loads(tg(home, "ps", "--json").stdout)[0]["id"]
     done = tg(home, "report", run_id)
     assert done.returncode == 0, done.stderr
     return Path(done.stdout.strip()), run_id
+
+
+def test_each_row_on_its_own_scale_every_checkpoint_and_each_attempt_labelled(home: Path, page) -> None:
+    from trainguard.report.html import checkpoint_markers, timeline_figure
+    from trainguard.store.registry import Registry
+
+    registry = Registry(home)
+    _, run_id = page
+    run = registry.get(run_id)
+    checkpoints = checkpoint_markers(registry.events(run_id))
+    figure = timeline_figure(run, registry.samples(run_id), checkpoints, [], lang="en", now=time.time())
+    # Every checkpoint the job saved is drawn (every 5 steps, 15 on the stop signal, then every 5 after
+    # resuming), though its Checkpointer pruned all but the newest 2 from the disk.
+    on_disk = [p for p in (Path(run.run_dir) / "checkpoints").iterdir() if p.name.startswith("step-")]
+    assert len(on_disk) == 2
+    drawn = next(trace for trace in figure.data if trace.mode == "markers" and trace.marker.symbol == "diamond")
+    assert list(drawn.y) == [4, 9, 14, 15, 20, 25]
+    titles = [a.text for a in figure.layout.annotations]
+    assert any("#1 preempted" in text for text in titles) and any("#2 finished" in text for text in titles)
+    layout = figure.to_plotly_json()["layout"]
+    rss_row = next(i for i, text in enumerate(titles, start=1) if text.startswith("Job memory (RSS"))
+    rss_axis = layout["yaxis" if rss_row == 1 else f"yaxis{rss_row}"]
+    if os.geteuid() == 0:  # the run had --memory-limit: RSS is drawn against it, the limit as a line
+        assert "256 MiB" in titles[rss_row - 1]
+        assert rss_axis["range"] == pytest.approx([0, MEMORY_LIMIT / 1024**3 * 1.08])
+        limit_lines = [shape for shape in layout["shapes"] if shape.get("y0") == pytest.approx(0.25)]
+        assert limit_lines, "the memory limit is not drawn"
+    else:  # no limit: the axis follows the job's own RSS, not the host's RAM (a flat line at 0)
+        peak = max(s["job_rss"] for s in registry.samples(run_id) if s.get("job_rss")) / 1024**3
+        assert rss_axis["range"][1] == pytest.approx(max(peak * 1.3, 0.05))
+    disk_row = next(i for i, text in enumerate(titles, start=1) if text.startswith("Free disk"))
+    disk_axis = layout[f"yaxis{disk_row}"]
+    assert disk_axis["range"][0] == 0  # free disk from 0, not a zoom into its fifth decimal
+    disk_traces = [trace for trace in figure.data if trace.hovertemplate and "GiB" in trace.hovertemplate
+                   and ("run folder" in trace.name or "checkpoints" in trace.name)]  # fmt: skip
+    assert disk_traces and all(":.2f" in trace.hovertemplate for trace in disk_traces)
+
+
+def test_the_page_shows_goodput_and_reads_in_chinese(home: Path, page) -> None:
+    path, run_id = page
+    text = path.read_text()
+    assert "Goodput: what the failures cost" in text and re.search(r"<b>\d+%</b> of the wall time", text)
+    done = subprocess.run([sys.executable, "-m", "trainguard", "report", run_id, "-o", str(path.with_name("zh.html"))],
+                          env={**os.environ, "TRAINGUARD_HOME": str(home), "LANG": "zh_CN.UTF-8"},
+                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    zh = path.with_name("zh.html").read_text()
+    assert '<html lang="zh">' in zh and "时间线" in zh and "有效训练率" in zh and "成功" in zh
+    assert "Timeline" not in zh and "What to do" not in zh
 
 
 def test_the_page_is_self_contained_and_tells_the_story(page) -> None:

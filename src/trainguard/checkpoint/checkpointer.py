@@ -405,7 +405,9 @@ class Checkpointer:
             prune_jobs(self.directory, self.keep, protect=path)
             return path
         prune(self.directory, self.keep)  # what a kill between an earlier save and its pruning left
-        path = write_checkpoint(self.directory, step, tree, data, wall_time=wall_time)
+        saved_at = time.time() if wall_time is None else wall_time
+        path = write_checkpoint(self.directory, step, tree, data, wall_time=saved_at)
+        progress.report_saved(step, str(path), saved_at)
         prune(self.directory, self.keep, protect=path)
         return path
 
@@ -486,14 +488,18 @@ class Checkpointer:
         if self._writer is None:
             return None
         started = self._writer.submitted_at
+        job = self._writer.in_flight
         try:
             path = self._writer.wait(timeout_s=max(0.0, self._stuck_after() - self._writer.in_flight_for()))
         except WriterStuck:
-            job = self._abandon_stuck_writer()
-            path = self._write_staged(job) if job else None
+            stuck = self._abandon_stuck_writer()
+            path = self._write_staged(stuck) if stuck else None  # reported by the write itself
+            job = None
         if path is not None:
             self.last_saved = path
             self._expected_save_s = time.monotonic() - started
+            if job is not None:
+                progress.report_saved(job["step"], str(path), job["time"])
         return path
 
     def _write_staged(self, job: dict[str, Any]) -> Path:

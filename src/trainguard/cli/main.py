@@ -27,6 +27,7 @@ _COMMANDS = {
     "run": "trainguard.cli.runs",
     "status": "trainguard.cli.runs",
     "stop": "trainguard.cli.runs",
+    "top": "trainguard.cli.top",
 }
 
 
@@ -57,6 +58,7 @@ def cli() -> None:
     trainguard doctor            what will kill it, before it does
     trainguard exporter          Prometheus metrics of runs, GPUs and the host
     trainguard report RUN        an HTML timeline of a run: resources, attempts, causes
+    trainguard top               a live view of the runs, GPUs and host (keys: log, diagnosis, stop)
     """
 
 

@@ -16,9 +16,11 @@ from typing import Any
 
 import click
 
+from trainguard import goodput
 from trainguard._i18n import choose_language
 from trainguard.checkpoint.layouts import LAYOUTS
 from trainguard.errors import UsageError
+from trainguard.goodput import Goodput
 from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, RegistryError, Run, RunNotFound, close_runs_lost_to_reboot
@@ -82,8 +84,14 @@ def _supervisor_word(run: Run) -> str:
     return "gone" if RunState(run.state) not in TERMINAL_STATES else "exited"
 
 
-def run_json(run: Run) -> dict[str, Any]:
+def run_goodput(registry: Registry, run: Run) -> Goodput:
+    """What the run's failures cost, from its attempts and the checkpoints its supervisor recorded."""
+    return goodput.of_run(run, registry.events(run.id, kinds=("checkpoint",)), now=time.time())
+
+
+def run_json(run: Run, registry: Registry | None = None) -> dict[str, Any]:
     state = RunState(run.state)
+    extra = {"goodput": run_goodput(registry, run).to_dict()} if registry is not None else {}
     return {
         "id": run.id,
         "name": run.name,
@@ -114,6 +122,7 @@ def run_json(run: Run) -> dict[str, Any]:
             }
             for a in run.attempts
         ],
+        **extra,
     }
 
 
@@ -424,9 +433,10 @@ def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True)
 def ps(as_json: bool) -> int:
     """List runs, newest first."""
-    runs = _registry().all()
+    registry = _registry()
+    runs = registry.all()
     if as_json:
-        click.echo(json.dumps([run_json(r) for r in runs], ensure_ascii=False, indent=2))
+        click.echo(json.dumps([run_json(r, registry) for r in runs], ensure_ascii=False, indent=2))
         return 0
     if not runs:
         click.echo(_say("no runs yet: trainguard run -- CMD", "还没有运行：trainguard run -- 命令"))
@@ -450,8 +460,9 @@ def ps(as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True)
 def status(ref: str, as_json: bool) -> int:
     """A run's state, attempts and the cause of each death."""
-    run_record = _registry().resolve(ref)
-    info = run_json(run_record)
+    registry = _registry()
+    run_record = registry.resolve(ref)
+    info = run_json(run_record, registry)
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, indent=2))
         return 1 if info["state"] == "failed" else 0
@@ -482,7 +493,18 @@ def status(ref: str, as_json: bool) -> int:
         step = _say(f", step {a['step']}", f"，第 {a['step']} 步") if a["step"] is not None else ""
         click.echo(_say(f"  attempt {a['n']}: ", f"  第 {a['n']} 次：")
                    + f"{a['started_at']} → {a['ended_at'] or '…'}  {end}{cause}{resumed}{step}")  # fmt: skip
+    _print_goodput(run_goodput(registry, run_record))
     return 1 if info["state"] == "failed" else 0
+
+
+def _print_goodput(result: Goodput) -> None:
+    if result.ratio is None:
+        return
+    lang = choose_language(None, os.environ)
+    click.echo(_say("  goodput: ", "  有效训练率（goodput）：") + goodput.describe(result, lang))
+    for loss in result.losses:
+        if loss.total_s > 0:
+            click.echo("    " + goodput.describe_loss(loss, lang))
 
 
 @click.command()
@@ -497,15 +519,14 @@ def report(ref: str, output: str | None) -> int:
 
     registry = _registry()
     record = registry.resolve(ref)
-    markers = [Marker(e["time"], e.get("message", e.get("rule", "alert")), "alert")
-               for e in registry.events(record.id) if e["kind"] == "alert"]  # fmt: skip
+    # Checkpoints still in the folder that no event recorded (runs from before they were recorded).
     folder = record.options.get("checkpoint_dir")
     layout = record.options.get("checkpoint_layout", "auto")
-    for found in layouts.scan(folder, layout) if folder and not record.options.get("checkpoint_glob") else []:
-        if found.complete:
-            markers.append(Marker(found.time, f"checkpoint step {found.step}", "checkpoint"))
-    page = render(record, registry.samples(record.id), sorted(markers, key=lambda m: m.time),
-                  lang=choose_language(None, os.environ))  # fmt: skip
+    in_folder = [Marker(found.time, f"checkpoint step {found.step}", "checkpoint", found.step, found.path)
+                 for found in (layouts.scan(folder, layout) if folder and not record.options.get("checkpoint_glob")
+                               else []) if found.complete]  # fmt: skip
+    page = render(record, registry.samples(record.id), registry.events(record.id),
+                  lang=choose_language(None, os.environ), now=time.time(), extra_checkpoints=in_folder)  # fmt: skip
     target = Path(output) if output else Path(record.run_dir) / "report.html"
     try:
         tmp = target.with_name(f".{target.name}.tmp")

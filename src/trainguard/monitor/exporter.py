@@ -103,6 +103,24 @@ class TrainguardCollector(Collector):
             "When a run that ended did so (Unix time of its last attempt's end)",
             labels=labels,
         )
+        ratio = GaugeMetricFamily(
+            "trainguard_run_goodput_ratio",
+            "Training kept / wall time, 0..1: what the run's deaths, restarts and redone steps left of its time",
+            labels=labels,
+        )
+        wall = GaugeMetricFamily(
+            "trainguard_run_wall_seconds", "The run's wall time (attempts and the restarts between them)", labels=labels
+        )
+        kept = GaugeMetricFamily(
+            "trainguard_run_training_kept_seconds", "Training time no later attempt had to redo", labels=labels
+        )
+        lost = GaugeMetricFamily(
+            "trainguard_run_lost_seconds",
+            "Wall time lost to deaths: kind=recomputed (steps redone after resuming from an older checkpoint), "
+            "restart (from a death to training again), stalled (from the last sign of progress to the death)",
+            labels=[*labels, "kind"],
+        )
+        from trainguard import goodput
         from trainguard.supervisor.job import checkpoint_times
         from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 
@@ -127,7 +145,15 @@ class TrainguardCollector(Collector):
                 age.add_metric(key, max(0.0, time.time() - times[0]))
             if (gap := typical_gap(times)) is not None:
                 interval.add_metric(key, gap)
-        yield from (info, attempts, deaths, age, interval, ended)
+            if run.attempts:
+                result = goodput.of_run(run, self.registry.events(run.id, kinds=("checkpoint",)), now=time.time())
+                if result.ratio is not None:
+                    ratio.add_metric(key, result.ratio)
+                wall.add_metric(key, result.wall_s)
+                kept.add_metric(key, result.kept_s)
+                for kind, seconds in result.lost_by_kind().items():
+                    lost.add_metric([*key, kind], seconds)
+        yield from (info, attempts, deaths, age, interval, ended, ratio, wall, kept, lost)
 
 
 def typical_gap(times: list[float]) -> float | None:

@@ -30,6 +30,13 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class GpuDetails:
+    name: str | None
+    power_limit_w: float | None
+    processes: tuple[tuple[int, int | None], ...]  # (pid, GPU memory in bytes or None when NVML cannot say)
+
+
+@dataclass(frozen=True)
 class Sample:
     time: float  # seconds since the epoch
     mem_available: int | None = None  # bytes the host (or the job's cgroup) still has
@@ -74,6 +81,31 @@ class _Nvml:
         except Exception:
             self.handles = []
         return bool(self.handles)
+
+    def details(self) -> dict[int, GpuDetails]:
+        """Per GPU: its name, power limit and the processes using it (NVML per-process info)."""
+        if not self.start():
+            return {}
+        nv = self.pynvml
+        found = {}
+        for index, handle in self.handles or ():
+            name: str | None = None
+            with contextlib.suppress(nv.NVMLError, AttributeError):
+                raw = nv.nvmlDeviceGetName(handle)
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            limit = None
+            with contextlib.suppress(nv.NVMLError, AttributeError):
+                limit = nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000
+            processes: dict[int, int | None] = {}
+            for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                with contextlib.suppress(nv.NVMLError, AttributeError):
+                    for proc in getattr(nv, function)(handle):
+                        used = getattr(proc, "usedGpuMemory", None)
+                        # NVML reports "not available" (in a container without the host's pid
+                        # namespace, under MIG) as a huge sentinel.
+                        processes[int(proc.pid)] = used if isinstance(used, int) and used < 1 << 60 else None
+            found[index] = GpuDetails(name, limit, tuple(processes.items()))
+        return found
 
     def sample(self) -> tuple[GpuSample, ...]:
         if not self.start():
@@ -127,6 +159,10 @@ class Sampler:
     def warm_up(self) -> None:
         self._nvml.start()
 
+    def gpu_details(self) -> dict[int, GpuDetails]:
+        """Name, power limit and processes of each GPU (empty without NVML)."""
+        return self._nvml.details()
+
     def sample(self, job_pid: int | None) -> Sample:
         self._ticks += 1
         memory = swap = None
@@ -147,7 +183,7 @@ class Sampler:
             with contextlib.suppress(OSError):
                 disk_free[path] = shutil.disk_usage(path).free
         if job_pid is not None and (self._last_rss is None or self._ticks % self.tree_every == 0):
-            self._last_rss = _tree_rss(job_pid)
+            self._last_rss = tree_rss(job_pid)
         return Sample(
             time=time.time(),
             mem_available=available if available is not None else (memory.available if memory else None),
@@ -161,7 +197,8 @@ class Sampler:
         )
 
 
-def _tree_rss(pid: int) -> int | None:
+def tree_rss(pid: int) -> int | None:
+    """The resident memory of ``pid`` and all its descendants, bytes; None when it is gone."""
     try:
         root = psutil.Process(pid)
         total = root.memory_info().rss

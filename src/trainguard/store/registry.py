@@ -399,10 +399,23 @@ class Registry:
             )
 
     @_registry_errors
-    def events(self, run_id: str) -> list[dict[str, Any]]:
+    def events(self, run_id: str, kinds: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """The run's events in the order they were recorded; only those of ``kinds`` when given."""
+        query = "SELECT time, kind, data FROM events WHERE run_id = ?"
+        if kinds is not None:
+            query += f" AND kind IN ({','.join('?' * len(kinds))})"
         with self._connect() as db:
-            rows = db.execute("SELECT time, kind, data FROM events WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+            rows = db.execute(query + " ORDER BY id", (run_id, *(kinds or ()))).fetchall()
         return [{"time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
+
+    @_registry_errors
+    def latest_event(self, run_id: str, kind: str) -> dict[str, Any] | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT time, kind, data FROM events WHERE run_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
+                (run_id, kind),
+            ).fetchone()
+        return {"time": row["time"], "kind": row["kind"], **json.loads(row["data"])} if row else None
 
     # ------------------------------------------------------------------ attempts
     @_registry_errors
@@ -478,6 +491,14 @@ class Registry:
         with self._connect() as db:
             rows = db.execute("SELECT data FROM samples WHERE run_id = ? AND time >= ? ORDER BY time", (run_id, since))
             return [json.loads(row["data"]) for row in rows]
+
+    @_registry_errors
+    def latest_sample(self, run_id: str) -> dict[str, Any] | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT data FROM samples WHERE run_id = ? ORDER BY time DESC LIMIT 1", (run_id,)
+            ).fetchone()
+        return json.loads(row["data"]) if row else None
 
     @_registry_errors
     def downsample(self, run_id: str, now: float) -> None:

@@ -122,8 +122,8 @@ class Journal:
             setattr(self.run, key, value)
         self._write(lambda: self.registry.update_run(self.run.id, **fields))
 
-    def event(self, kind: str, data: dict[str, Any]) -> None:
-        at = time.time()
+    def event(self, kind: str, data: dict[str, Any], *, at: float | None = None) -> None:
+        at = time.time() if at is None else at
         self._write(lambda: self.registry.event(self.run.id, kind, data, at=at))
 
     def start_attempt(self, attempt: Attempt) -> None:
@@ -151,6 +151,14 @@ class Journal:
         with contextlib.suppress(RegistryError):
             if not self._queue:
                 self.registry.downsample(run_id, now)
+
+    def checkpoints_recorded(self) -> dict[str, float]:
+        """The checkpoints an earlier supervisor of this run recorded (path -> when written)."""
+        try:
+            events = self.registry.events(self.run.id)
+        except RegistryError:
+            return {}
+        return {e["path"]: e["time"] for e in events if e["kind"] == "checkpoint" and e.get("path")}
 
     def stop_request(self) -> dict[str, Any] | None:
         """What `trainguard stop` asked for (its grace), read fresh; None when it cannot be read."""

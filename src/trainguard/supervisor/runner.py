@@ -30,6 +30,7 @@ import psutil
 from trainguard import causes, progress
 from trainguard._i18n import Text, choose_language
 from trainguard._proc import ProcessRef, start_time
+from trainguard.checkpoint import layouts
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
@@ -92,6 +93,7 @@ class _AttemptWatch:
     last_progress_saved: float = 0.0
     hung: bool = False
     peers_missing: bool = False
+    silent_since: float | None = None  # a hung job's last output, wall time
     pidfd: int | None = None
     kernel: kernel_log.KernelTail | None = None
     pids: set[int] = field(default_factory=set)
@@ -133,6 +135,8 @@ class Supervisor:
         # A stop signal that `trainguard stop` did not announce came from a scheduler or a container
         # runtime: under `run --foreground` that is a preemption (exit 75), not a person's stop.
         self.stopped_from_outside = False
+        # Checkpoints recorded as events (path -> the time it was written): each is recorded once.
+        self._checkpoints_seen: dict[str, float] = {}
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -194,6 +198,7 @@ class Supervisor:
         if self.options.metrics_port is not None:
             collector = TrainguardCollector(self.journal.registry, run_id=self.run.id, xid_counts=kernel_xid_counter())
             serve(self.options.metrics_port, self.options.metrics_bind, collector)
+        self._checkpoints_seen = self.journal.checkpoints_recorded()
         attempt_n = self.run.attempts[-1].n if self.run.attempts else 0
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
         while True:
@@ -418,6 +423,8 @@ class Supervisor:
             attempt.progress = progress.read(self._progress_file(attempt.n)) or attempt.progress
             self._learn_checkpoint_dir(attempt.progress or {})
             self._save_launch_record(watch)
+            self._record_checkpoints(attempt, attempt.progress or {}, scan=True)
+            attempt.progress = {**(attempt.progress or {}), "last_active_time": self._last_active(watch, attempt)}
             latest = self._newest_checkpoint()
             new_checkpoint = latest not in (None, attempt.resumed_from)
             new_lines = self._count_lines(watch)
@@ -514,6 +521,7 @@ class Supervisor:
                         return self._stop_job(watch, self.options.grace_s)
                 if self.options.hang_timeout_s and now - watch.last_progress_mono >= self.options.hang_timeout_s:
                     watch.hung = True
+                    watch.silent_since = self._last_active(watch, watch.attempt)  # before markers are added
                     self._dump_stacks(watch, n)
                     silent = now - watch.last_progress_mono
                     self.journal.event("hang", {"attempt": n, "silent_s": silent})
@@ -580,6 +588,7 @@ class Supervisor:
         latest = self._newest_checkpoint()
         reported = progress.read(self._progress_file(watch.attempt.n))
         step_moved = reported.get("step_time") != (watch.attempt.progress or {}).get("step_time")
+        self._record_checkpoints(watch.attempt, reported, scan=latest != watch.last_checkpoint)
         if size != watch.last_log_size or latest != watch.last_checkpoint or step_moved:
             watch.last_log_size = size
             watch.last_checkpoint = latest
@@ -600,6 +609,50 @@ class Supervisor:
         self.journal.event("checkpoint_dir_learned", {"from": self.options.checkpoint_dir, "to": folder})
         self.options = dataclasses.replace(self.options, checkpoint_dir=folder)
         self.journal.update(options={**self.run.options, "checkpoint_dir": folder})
+
+    def _last_active(self, watch: _AttemptWatch, attempt: Attempt) -> float:
+        """When the job was last seen active, wall time: its last output (the log's modification
+        time), else the supervisor's last sight of progress (output, a checkpoint, a step)."""
+        ended = attempt.ended_at or time.time()
+        if watch.silent_since is not None:
+            return min(ended, watch.silent_since)
+        if watch.log_fd is not None:
+            with contextlib.suppress(OSError):
+                return min(ended, os.fstat(watch.log_fd).st_mtime)
+        return ended - max(0.0, self.clock() - watch.last_progress_mono)
+
+    def _record_checkpoints(self, attempt: Attempt, reported: dict[str, Any], *, scan: bool) -> None:
+        """Record each checkpoint once, as an event at the time it was written, so that the report
+        and goodput see every one even after pruning removed it: those the job reported saving
+        (``trainguard.progress``), and with ``scan`` the complete ones in the folder now."""
+        found: list[tuple[str, int | None, float]] = []
+        for entry in reported.get("saves") or ():
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                found.append((str(entry[2]), int(entry[0]), float(entry[1])))
+        if scan:
+            found += self._complete_checkpoints()
+        for path, step, written in sorted(found, key=lambda item: item[2]):
+            seen = self._checkpoints_seen.get(path)
+            if seen is not None and abs(seen - written) < 1.0:
+                continue
+            self._checkpoints_seen[path] = written
+            during = attempt.n if written >= attempt.started_at else None
+            self.journal.event("checkpoint", {"attempt": during, "path": path, "step": step}, at=written)
+
+    def _complete_checkpoints(self) -> list[tuple[str, int | None, float]]:
+        opts = self.options
+        if opts.checkpoint_glob is None:
+            return [(c.path, c.step, c.time) for c in layouts.scan(opts.checkpoint_dir, opts.checkpoint_layout)
+                    if c.complete]  # fmt: skip
+        pattern = opts.checkpoint_glob
+        if not os.path.isabs(pattern):
+            pattern = os.path.join(opts.checkpoint_dir, pattern)
+        found = []
+        for path in glob.glob(pattern):
+            with contextlib.suppress(OSError):
+                if os.path.isfile(path) and os.path.getsize(path) > 0:
+                    found.append((path, None, os.path.getmtime(path)))
+        return found
 
     def _stop_job(self, watch: _AttemptWatch, grace_s: float) -> int:
         if watch.containment.job is None:

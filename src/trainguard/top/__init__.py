@@ -1,0 +1,1 @@
+"""`trainguard top`: a live view of this machine's runs, GPUs and host."""

@@ -1,0 +1,47 @@
+"""A training job for the goodput tests: a Checkpointer saving every 5 steps, a step every
+--step-seconds, each step printed. On attempt --oom-attempt it allocates memory after printing step
+--oom-step until its memory cgroup's OOM killer ends it (the step's work is never saved); the test
+SIGKILLs another attempt from outside.
+
+    python faulty_job.py --steps 50 --step-seconds 0.1 --oom-attempt 2 --oom-step 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from trainguard import Checkpointer
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--step-seconds", type=float, default=0.1)
+    parser.add_argument("--oom-attempt", type=int, default=0)
+    parser.add_argument("--oom-step", type=int, default=-1)
+    args = parser.parse_args()
+    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "1"))
+    ckpt = Checkpointer(every=None, every_steps=5, keep=2)
+    state = ckpt.load_latest()
+    start = state["step"] + 1 if state else 0
+    if state:
+        print(f"resumed from step {state['step']}", flush=True)
+    total = state["total"] if state else 0.0
+    for step in range(start, args.steps):
+        time.sleep(args.step_seconds)
+        total += step
+        print(f"step {step}", flush=True)
+        if attempt == args.oom_attempt and step == args.oom_step:
+            hog = []
+            while True:
+                hog.append(bytearray(32 * 1024 * 1024))
+        ckpt.maybe_save(step, lambda: {"step": step, "total": total})
+    ckpt.close()
+    print(f"done total {total}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
