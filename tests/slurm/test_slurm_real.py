@@ -6,6 +6,7 @@ enforced every ~30 s, so these take minutes: the slow tier."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -24,9 +25,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.real]
 # A training loop that saves every 20 steps and at once on SIGTERM/SIGUSR1, and says when it started
 # (at which step) and when it saved, in wall time: the requeue-to-resume time is read from these.
 TRAIN = """
-    import os, sys, time
+    import os, subprocess, sys, time
     from trainguard import Checkpointer
     total = int(sys.argv[1])
+    # a child without a SIGUSR1 handler, as a DataLoader worker is: a save request must not kill it
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     ckpt = Checkpointer(every=None, every_steps=20)
     state = ckpt.load_latest()
     start = state["step"] + 1 if state else 0
@@ -37,7 +40,7 @@ TRAIN = """
         time.sleep(0.1)
         ckpt.maybe_save(step, lambda: {"step": step})
         if ckpt.stop_requested:
-            print(f"saved step={step} at={time.time():.3f}", flush=True)
+            print(f"saved step={step} at={time.time():.3f} helper_alive={helper.poll() is None}", flush=True)
             sys.exit(0)
     ckpt.save({"step": total - 1}, total - 1)
     ckpt.wait()
@@ -45,6 +48,7 @@ TRAIN = """
 """
 
 # The shape of examples/slurm-train.sbatch, with a one-minute limit and a job of seconds.
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slurm-train.sbatch"
 SBATCH = """\
     #!/bin/bash
     #SBATCH --job-name=trainguard-test
@@ -53,17 +57,19 @@ SBATCH = """\
     #SBATCH --open-mode=append
     #SBATCH --output=slurm-%j.out
     {signal}
-    exec srun trainguard run --foreground --requeue --name "train-$SLURM_JOB_ID" --checkpoint-dir {ckpt} \\
+    exec {launcher}trainguard run --foreground --requeue --name "train-$SLURM_JOB_ID" --checkpoint-dir {ckpt} \\
         --grace 20s -- {python} train.py {args}
 """
 
 
-def _submit(slurm: LocalSlurm, folder: Path, *, time_limit: str = "1", signal: str = "", args: str = "") -> str:
+def _submit(slurm: LocalSlurm, folder: Path, *, time_limit: str = "1", signal: str = "", args: str = "",
+            srun: bool = True) -> str:  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "train.py").write_text(textwrap.dedent(TRAIN))
     script = folder / "job.sbatch"
     script.write_text(textwrap.dedent(SBATCH).format(time=time_limit, signal=signal, ckpt=folder / "ckpt",
-                                                     python=sys.executable, args=args))  # fmt: skip
+                                                     launcher="srun " if srun else "", python=sys.executable,
+                                                     args=args))  # fmt: skip
     return slurm.sbatch(script, env=_job_env(slurm, folder))
 
 
@@ -101,7 +107,7 @@ def _assert_resumed_where_saved(output: str) -> list[float]:
     times (saved -> training again), in seconds."""
     events = re.findall(r"^(start|saved) step=(\d+)(?: slurm_restart=\d+)? at=([\d.]+)", output, re.M)
     gaps = []
-    for (kind, step, at), (next_kind, next_step, next_at) in zip(events, events[1:]):
+    for (kind, step, at), (next_kind, next_step, next_at) in itertools.pairwise(events):
         if kind == "saved":
             assert next_kind == "start" and int(next_step) == int(step) + 1, events
             gaps.append(float(next_at) - float(at))
@@ -131,14 +137,16 @@ def test_a_job_killed_at_its_time_limit_saves_is_requeued_and_resumes_until_it_f
 def test_the_pre_timeout_signal_is_a_save_request_and_the_job_is_requeued_at_the_saved_step(
     slurm: LocalSlurm, tmp_path: Path
 ) -> None:
-    # USR1 to the batch shell (exec'd into srun, which passes it to trainguard) when less than 55 s
-    # are left of a one-minute limit: 5-35 s into the job, long before the time limit.
-    job_id = _submit(slurm, tmp_path, signal="#SBATCH --signal=B:USR1@55", args="450")
+    # USR1 to the batch shell, which is trainguard (exec), when less than 55 s are left of a one-minute
+    # limit: 5-35 s into the job, long before the time limit. The example's shape: no srun, because
+    # srun would pass the signal on to every process of its step (a DataLoader worker dies of it).
+    job_id = _submit(slurm, tmp_path, signal="#SBATCH --signal=B:USR1@55", args="450", srun=False)
     final = slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=420)
     output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "COMPLETED", (final, slurm_output, output)
     assert "DUE TO TIME LIMIT" not in slurm_output  # saved and requeued before the limit, every time
     assert "SIGUSR1: a save request, passed on to process" in output
+    assert "helper_alive=True" in output and "helper_alive=False" not in output  # only the saver got it
     assert int(final["Restarts"]) >= 1 and "finished step=449" in output
     gaps = _assert_resumed_where_saved(output)
     assert len(gaps) == int(final["Restarts"])

@@ -80,3 +80,18 @@ def test_slurm_durations_and_restart_counts() -> None:
     assert parse_duration("UNLIMITED") is None and parse_duration("Partition_Limit") is None
     assert restart_count({"SLURM_RESTART_COUNT": "2"}) == 2 and restart_count({}) == 0
     assert restart_count({"SLURM_RESTART_COUNT": "x"}) == 0
+
+
+def test_the_example_batch_script_has_the_shape_the_slurm_tests_run() -> None:
+    """tests/slurm/test_slurm_real.py runs this shape on a real Slurm; the example must keep it."""
+    import shlex
+
+    from trainguard.cli.runs import run
+
+    example = (Path(__file__).resolve().parents[2] / "examples" / "slurm-train.sbatch").read_text()
+    for line in ("#SBATCH --signal=B:USR1@", "#SBATCH --requeue", "#SBATCH --open-mode=append"):
+        assert re.search(f"^{re.escape(line)}", example, re.M), line
+    command = re.search(r"^exec (trainguard run .*?[^\\])$", example.replace("\\\n", " "), re.M | re.S).group(1)
+    argv = shlex.split(command.replace('"vit-$SLURM_JOB_ID"', "vit-1").replace('"/scratch/$USER/ckpt/vit"', "/ckpt"))
+    params = run.make_context("run", argv[2:]).params
+    assert params["foreground"] and params["requeue"] and params["name"] == "vit-1" and params["grace"] < 30
