@@ -242,3 +242,38 @@ def test_a_save_request_waits_until_the_job_installs_its_handler(tmp_path: Path,
     assert "no process of the job handles SIGUSR1 yet" in log and "passed on to process" in log
     assert "saved at step" in log and time.monotonic() - started < 30
     assert process.returncode == 75, stderr  # preempted, --restart never: another attempt may cure it
+
+
+def test_a_foreground_run_of_a_name_whose_supervisor_died_watches_the_job_here_and_ends_with_its_verdict(
+    tmp_path: Path, home: Path
+) -> None:
+    """A scheduler reruns `run --foreground --name N` after the first supervisor was killed (Slurm's
+    SIGKILL after KillWait): the job left running is watched in the foreground, not detached, and the
+    scheduler gets its verdict."""
+    job = script(tmp_path, "job.py", """
+        import time
+        for step in range(40):
+            print("step", step, flush=True)
+            time.sleep(0.1)
+        raise SystemExit(0)
+    """)  # fmt: skip
+    started = tg("run", "--name", "n1", "--", sys.executable, job)
+    assert started.returncode == 0, started.stderr
+    import sqlite3
+
+    with sqlite3.connect(home / "runs.sqlite") as db:
+        supervisor_pid = db.execute("SELECT supervisor_pid FROM runs WHERE name = 'n1'").fetchone()[0]
+    os.kill(supervisor_pid, signal.SIGKILL)
+    wait_for(
+        lambda: json.loads(tg("status", "n1", "--json").stdout)["supervisor"] == "gone", what="the supervisor gone"
+    )
+    log = tmp_path / "termination-log"
+    began = time.monotonic()
+    done = tg("run", "--foreground", "--name", "n1", "--termination-log", str(log), "--", sys.executable, job)
+    assert done.returncode == 0, done.stderr
+    assert "taking it back under watch" in done.stderr and time.monotonic() - began > 0.5  # it waited for the job
+    final = json.loads(tg("status", "n1", "--json").stdout)
+    # the job it found running was watched to its end (an adopted job's exit status cannot be had, so
+    # the policy may run it once more), and the run ended here with the verdict
+    assert final["state"] == "succeeded" and final["supervisor"] == "exited"
+    assert json.loads(log.read_text())["state"] == "succeeded"

@@ -5,7 +5,9 @@ munged as the munge user, ``slurmctld -D -c`` and ``slurmd -D`` on ports of thei
 The configuration keeps what a requeue test needs fast: ``AuthInfo=cred_expire=10`` and
 ``SchedulerParameters=sched_interval=2,bf_interval=2`` (with the defaults a requeued job waits about
 121 s before it may start again), ``JobRequeue=1``, no accounting, and process tracking and task
-plugins that need no cgroup set-up (``proctrack/linuxproc``, ``task/none``).
+plugins that need no cgroup set-up (``proctrack/linuxproc``, ``task/none``). Jobs go to the default
+partition ``debug``; a job in ``urgent`` (a higher priority tier) preempts them (``PreemptMode=CANCEL``
+with a grace time, as clusters with preemptible partitions do).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class LocalSlurm:
         self.munge_socket = self.root / "munge" / "munge.socket"
         self._daemons: list[subprocess.Popen] = []
         self.started_in_s: float | None = None
+        self.cpus = os.cpu_count() or 1
 
     # ------------------------------------------------------------------ life
     def start(self) -> LocalSlurm:
@@ -73,7 +76,7 @@ class LocalSlurm:
                 with open(logs / f"{name}.out", "wb") as out:
                     self._daemons.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                                           stdin=subprocess.DEVNULL, env=self.env()))  # fmt: skip
-            self._wait_until(lambda: self._node_state() in ("idle", "mixed", "allocated"), "the node to be idle")
+            self._wait_until(lambda: self._node_states() <= {"idle", "mixed", "allocated"}, "the node to be idle")
         except BaseException:
             self.stop()
             raise
@@ -125,11 +128,14 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 ReturnToService=2
 SchedulerParameters=sched_interval=2,bf_interval=2
 KillWait=30
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
+PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP GraceTime=10
+PartitionName=urgent Nodes={self.node} PriorityTier=2 MaxTime=INFINITE State=UP PreemptMode=OFF
 """
         )
 
@@ -186,9 +192,10 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         return self._wait_until(lambda: (job := self.job(job_id))["JobState"] in states and job,
                                 f"job {job_id} to be {'/'.join(states)}", timeout)  # fmt: skip
 
-    def _node_state(self) -> str:
+    def _node_states(self) -> set[str]:
+        """The node's state in each partition (none while slurmctld does not answer yet)."""
         done = self.client("sinfo", "-h", "-N", "-o", "%T", timeout=5)
-        return done.stdout.strip() if done.returncode == 0 else ""
+        return set(done.stdout.split()) if done.returncode == 0 and done.stdout.strip() else {"unknown"}
 
     def _wait_until(self, predicate, what: str, timeout: float = START_TIMEOUT_S):
         deadline = time.monotonic() + timeout

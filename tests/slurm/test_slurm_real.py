@@ -63,14 +63,14 @@ SBATCH = """\
 
 
 def _submit(slurm: LocalSlurm, folder: Path, *, time_limit: str = "1", signal: str = "", args: str = "",
-            srun: bool = True) -> str:  # fmt: skip
+            srun: bool = True, options: tuple[str, ...] = ()) -> str:  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "train.py").write_text(textwrap.dedent(TRAIN))
     script = folder / "job.sbatch"
     script.write_text(textwrap.dedent(SBATCH).format(time=time_limit, signal=signal, ckpt=folder / "ckpt",
                                                      launcher="srun " if srun else "", python=sys.executable,
                                                      args=args))  # fmt: skip
-    return slurm.sbatch(script, env=_job_env(slurm, folder))
+    return slurm.sbatch(script, *options, env=_job_env(slurm, folder))
 
 
 def _job_env(slurm: LocalSlurm, folder: Path) -> dict[str, str]:
@@ -102,6 +102,16 @@ def _slurm_output(folder: Path, job_id: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _wait_until_ended(slurm: LocalSlurm, job_id: str, folder: Path, timeout: float) -> dict[str, str]:
+    """The job's record once it has ended for good; on a timeout, everything there is to read."""
+    try:
+        return slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED"), timeout)
+    except AssertionError as exc:
+        queue = slurm.client("squeue", "-o", "%i %P %T %r %M %l").stdout
+        raise AssertionError(f"{exc}\njob: {slurm.job(job_id)}\nqueue:\n{queue}\nslurm output:\n"
+                             f"{_slurm_output(folder, job_id)}\njob output:\n{_job_output(folder)}") from None  # fmt: skip
+
+
 def _assert_resumed_where_saved(output: str) -> list[float]:
     """Every start after the first resumes at the step after the previous save; the requeue-to-resume
     times (saved -> training again), in seconds."""
@@ -119,11 +129,12 @@ def test_a_job_killed_at_its_time_limit_saves_is_requeued_and_resumes_until_it_f
 ) -> None:
     # 100 s of work in a one-minute job: Slurm's SIGTERM at the limit (enforced 60-90 s in) stops it.
     job_id = _submit(slurm, tmp_path, args="1000")
-    final = slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=420)
+    final = _wait_until_ended(slurm, job_id, tmp_path, 420)
     output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "COMPLETED", (final, slurm_output, output)
     assert "DUE TO TIME LIMIT" in slurm_output
     assert "requeueing job" in slurm_output and "reached its time limit" in slurm_output
+    assert "Exited with exit code 75" in slurm_output  # srun's word on trainguard's verdict
     assert int(final["Restarts"]) >= 1
     assert "finished step=999" in output
     gaps = _assert_resumed_where_saved(output)
@@ -141,7 +152,7 @@ def test_the_pre_timeout_signal_is_a_save_request_and_the_job_is_requeued_at_the
     # limit: 5-35 s into the job, long before the time limit. The example's shape: no srun, because
     # srun would pass the signal on to every process of its step (a DataLoader worker dies of it).
     job_id = _submit(slurm, tmp_path, signal="#SBATCH --signal=B:USR1@55", args="450", srun=False)
-    final = slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=420)
+    final = _wait_until_ended(slurm, job_id, tmp_path, 420)
     output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "COMPLETED", (final, slurm_output, output)
     assert "DUE TO TIME LIMIT" not in slurm_output  # saved and requeued before the limit, every time
@@ -165,7 +176,7 @@ def test_a_requeue_from_outside_saves_and_the_job_resumes(slurm: LocalSlurm, tmp
     time.sleep(3)  # a few saves in
     done = slurm.client("scontrol", "requeue", job_id)
     assert done.returncode == 0, done.stderr
-    final = slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=180)
+    final = _wait_until_ended(slurm, job_id, tmp_path, 180)
     output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", (final, slurm_output, output)
     assert "DUE TO JOB REQUEUE" in slurm_output
@@ -175,9 +186,35 @@ def test_a_requeue_from_outside_saves_and_the_job_resumes(slurm: LocalSlurm, tmp
     print(f"\nscontrol requeue from outside: requeue-to-resume {gaps[0]:.1f} s")
 
 
+@pytest.mark.parametrize("srun", [True, False], ids=["srun step", "batch step"])
+def test_a_preempted_job_saves_is_requeued_and_resumes(slurm: LocalSlurm, tmp_path: Path, srun: bool) -> None:
+    """A job in a higher priority partition takes the node (PreemptMode=CANCEL, GraceTime=10): Slurm
+    would cancel the preempted job; trainguard saves it and requeues it instead. Slurm signals a job
+    step at once and keeps the job RUNNING for its grace time; a batch step alone is signalled when
+    the grace time is over, the job COMPLETING with a PreemptTime: both are requeued."""
+    every_cpu = f"--cpus-per-task={slurm.cpus}"
+    job_id = _submit(slurm, tmp_path, time_limit="10", args="450", srun=srun, options=(every_cpu,))
+    wait_for(lambda: re.search(r"^start step=0", _job_output(tmp_path), re.M), timeout=60, what="the job to train")
+    urgent = slurm.client("sbatch", "--parsable", "--partition=urgent", every_cpu, "--output=/dev/null",
+                          "--wrap=sleep 2", cwd=str(tmp_path))  # fmt: skip
+    assert urgent.returncode == 0, urgent.stderr
+    final = _wait_until_ended(slurm, job_id, tmp_path, 240)
+    output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", (final, slurm_output, output)
+    assert slurm.job(urgent.stdout.strip())["JobState"] == "COMPLETED"  # the urgent job got the node
+    if srun:
+        assert "STEP" in slurm_output and "requeueing job" in slurm_output
+    else:
+        assert "DUE TO PREEMPTION" in slurm_output and "requeueing job" in slurm_output
+        assert "it was preempted" in slurm_output
+    gaps = _assert_resumed_where_saved(output)
+    assert len(gaps) == 1 and "finished step=449" in output
+    print(f"\npreemption ({'srun' if srun else 'batch'} step): requeue-to-resume {gaps[0]:.1f} s")
+
+
 def test_a_bug_is_not_requeued_and_the_job_fails_with_78(slurm: LocalSlurm, tmp_path: Path) -> None:
     job_id = _submit(slurm, tmp_path, time_limit="5", args="100 bug")
-    final = slurm.wait_for_job(job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=120)
+    final = _wait_until_ended(slurm, job_id, tmp_path, 120)
     slurm_output = _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "FAILED" and final["ExitCode"] == "78:0", (final, slurm_output)
     assert final["Restarts"] == "0"
@@ -191,10 +228,11 @@ def test_a_scancel_saves_and_is_not_undone_by_a_requeue(slurm: LocalSlurm, tmp_p
     wait_for(lambda: re.search(r"^start step=0", _job_output(tmp_path), re.M), timeout=60, what="the job to train")
     time.sleep(2)
     assert slurm.client("scancel", job_id).returncode == 0
-    final = slurm.wait_for_job(job_id, ("CANCELLED", "COMPLETED", "FAILED", "PENDING"), timeout=120)
+    final = _wait_until_ended(slurm, job_id, tmp_path, 120)
     time.sleep(3)  # a requeue, had one been asked for, would show by now
     final = slurm.job(job_id)
     slurm_output = _slurm_output(tmp_path, job_id)
     assert final["JobState"] == "CANCELLED" and final["Restarts"] == "0", (final, slurm_output)
     assert "was cancelled before its time limit" in slurm_output
+    assert "Exited with exit code 75" in slurm_output  # a stop from outside is still 75, just not requeued
     assert re.search(r"^saved step=\d+", _job_output(tmp_path), re.M)  # the job saved within the grace

@@ -30,7 +30,8 @@ def _decide(case: str, verdict: int = 75):
 
 
 def test_the_records_parse() -> None:
-    assert set(CASES) == {"running", "time_limit", "cancelled", "cancelled_after_a_requeue", "requeued_from_outside"}
+    assert set(CASES) == {"running", "time_limit", "preempted", "cancelled", "cancelled_after_a_requeue",
+                          "requeued_from_outside"}  # fmt: skip
     job = parse_job(CASES["time_limit"][0])
     assert (job.job_id, job.state, job.reason, job.restarts) == ("1", "COMPLETING", "TimeLimit", 0)
     assert job.run_time_s == 88 and job.time_limit_s == 60 and job.batch
@@ -44,6 +45,13 @@ def test_a_running_job_is_requeued() -> None:
 def test_a_job_killed_at_its_time_limit_is_requeued() -> None:
     decision = _decide("time_limit")
     assert decision.ask and "time limit" in decision.en and "时间上限" in decision.zh
+
+
+def test_a_preempted_job_is_requeued() -> None:
+    """PreemptMode=CANCEL: Slurm shows it COMPLETING like a cancel; its PreemptTime tells them apart."""
+    decision = _decide("preempted")
+    assert parse_job(CASES["preempted"][0]).preempted and not parse_job(CASES["cancelled"][0]).preempted
+    assert decision.ask and "preempted" in decision.en and "抢占" in decision.zh
 
 
 @pytest.mark.parametrize("case", ["cancelled", "cancelled_after_a_requeue"])

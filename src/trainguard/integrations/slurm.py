@@ -5,8 +5,8 @@ again (SLURM_RESTART_COUNT=1, 2, ...) and the job resumes from its newest checkp
 Whether to ask is a pure function of the verdict and of what ``scontrol show job`` says of the job
 when the run ends (``requeue_decision``); ``hand_back`` is the adapter that reads and asks. Slurm shows
 a job that is being killed as COMPLETING whatever the reason: one killed at its time limit says
-Reason=TimeLimit and has run its whole limit; one killed earlier was cancelled (``scancel``), and a
-person's cancel is never undone by a requeue. A job Slurm requeued itself
+Reason=TimeLimit and has run its whole limit, a preempted one has a PreemptTime; one killed otherwise
+was cancelled (``scancel``), and a person's cancel is never undone by a requeue. A job Slurm requeued itself
 (``scontrol requeue`` from outside, ``PreemptMode=REQUEUE``) already counts one more restart than
 this run of the script was given: it is not asked for twice.
 """
@@ -36,6 +36,7 @@ class SlurmJob:
     restarts: int
     run_time_s: float | None
     time_limit_s: float | None  # None: UNLIMITED (or unreadable)
+    preempted: bool = False  # PreemptTime is set: Slurm is taking the job's resources for another job
     batch: bool = True
 
 
@@ -86,6 +87,7 @@ def parse_job(record: str) -> SlurmJob | None:
         restarts=restarts,
         run_time_s=parse_duration(fields.get("RunTime", "")),
         time_limit_s=parse_duration(fields.get("TimeLimit", "")),
+        preempted=fields.get("PreemptTime", "None") not in ("None", "Unknown", ""),
         batch=fields.get("BatchFlag", "1") != "0",
     )
 
@@ -108,6 +110,9 @@ def requeue_decision(verdict: int, job: SlurmJob | None, own_restarts: int) -> R
                                f"作业 {job.job_id} 已由 Slurm 重新排队")  # fmt: skip
     if job.state == "RUNNING":  # a pre-timeout save, a preemption's grace time, a failure retries cannot cure
         return RequeueDecision(True, f"requeueing job {job.job_id}", f"重新排队作业 {job.job_id}")
+    if job.preempted or job.state == "PREEMPTED":
+        return RequeueDecision(True, f"requeueing job {job.job_id}: it was preempted",
+                               f"重新排队作业 {job.job_id}：已被抢占")  # fmt: skip
     if job.state == "TIMEOUT" or job.reason == "TimeLimit" or _at_time_limit(job):
         return RequeueDecision(True, f"requeueing job {job.job_id}: it reached its time limit",
                                f"重新排队作业 {job.job_id}：已到时间上限")  # fmt: skip
