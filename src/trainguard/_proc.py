@@ -107,3 +107,16 @@ def session_members(sid: int, *, not_before: int | None = None) -> list[ProcessR
             if not_before is None or started >= not_before:
                 members.append(ProcessRef(int(entry.name), started))
     return members
+
+
+def catches_signal(pid: int, signum: int) -> bool:
+    """Whether the process has a handler of its own for ``signum`` (/proc/PID/status SigCgt): only
+    such a process can act on a signal whose default action is to terminate it (SIGUSR1)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False

@@ -21,6 +21,7 @@ from trainguard._i18n import choose_language
 from trainguard.checkpoint.layouts import LAYOUTS
 from trainguard.errors import UsageError
 from trainguard.goodput import Goodput
+from trainguard.integrations import kubernetes, slurm
 from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, RegistryError, Run, RunNotFound, close_runs_lost_to_reboot
@@ -256,22 +257,41 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--foreground", is_flag=True, help="Supervise here (containers, Slurm, systemd) instead of detaching.")
 @click.option("--follow", is_flag=True, help="Detach, then follow the log (Ctrl+C stops following, not the job).")
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="In a Slurm batch job (with --foreground): when the verdict is 75, ask Slurm to requeue the job "
+    "(scontrol requeue $SLURM_JOB_ID); a preemption is handed to Slurm at once instead of restarting here.",
+)
+@click.option(
+    "--termination-log",
+    metavar="PATH",
+    help="With --foreground: write the verdict there as JSON of at most 4 KB (cause, confidence, title, the "
+    "deciding evidence line, the first fix). Default: /dev/termination-log where it exists (Kubernetes).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, checkpoint_layout, resume_arg,
         hang_timeout, memory_limit, peer_timeout, grace, stop_signal, sample_interval, notify, config_file,
-        metrics_port, metrics_bind, foreground, follow, command) -> int:  # fmt: skip
+        metrics_port, metrics_bind, foreground, follow, requeue, termination_log, command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
     \b
     Examples:
       trainguard run -- python train.py --epochs 100
       trainguard run --name vit --hang-timeout 30m --resume-arg "--resume {checkpoint}" -- python train.py
-      srun trainguard run --foreground -- python train.py
+      srun trainguard run --foreground --requeue -- python train.py
     """
     if foreground and follow:
         raise UsageError(
             "--follow detaches; it cannot go with --foreground", "--follow 会脱离终端，不能与 --foreground 同用"
         )
+    for flag, given in (("--requeue", requeue), ("--termination-log", termination_log is not None)):
+        if given and not foreground:
+            raise UsageError(f"{flag} acts when the run ends: it needs --foreground (as a scheduler runs it)",
+                             f"{flag} 在运行结束时生效：需要与 --foreground 同用（调度器就是这样运行的）")  # fmt: skip
+    if termination_log == "":
+        raise UsageError("--termination-log needs a path", "--termination-log 需要一个路径")
+    finish = _Finish(requeue=requeue and _under_slurm(), termination_log=termination_log)
     if resume_arg is not None and "{checkpoint}" not in resume_arg:
         raise UsageError(
             f"--resume-arg {resume_arg!r} has no {{checkpoint}}: it is where the checkpoint's path goes, "
@@ -287,7 +307,9 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         if holder is not None:
             raise AlreadyWatched(record.id, holder)
         click.echo(_say(f"run {record.id} ({name}) is still running without its supervisor: taking it back under watch",
-                        f"运行 {record.id}（{name}）仍在运行但没有监督进程：重新接管"))  # fmt: skip
+                        f"运行 {record.id}（{name}）仍在运行但没有监督进程：重新接管"), err=foreground)  # fmt: skip
+        if foreground:  # a scheduler waits on this process: watch here, end with the verdict
+            return finish(registry, record.id, service.supervise_run(record.id, registry=registry, adopt=True))
         service.start_detached(registry, record, adopt=True)
         return 0
     service.check_cwd(cwd)
@@ -321,17 +343,18 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         notify=to_record(notifiers) or None,
         metrics_port=metrics_port,
         metrics_bind=metrics_bind,
+        requeue=finish.requeue or None,
     )
     if earlier is not None:  # an ended run of this name: continue it in place, with this command
         registry, record = earlier
         options.setdefault("checkpoint_dir", record.options["checkpoint_dir"])
         registry.update_run(record.id, command=list(command), cwd=cwd, options=options)
-        return _continue(registry, record.id, foreground=foreground, follow=follow)
+        return _continue(registry, record.id, foreground=foreground, follow=follow, finish=finish)
     registry, record = service.create_run(list(command), name=name, options=options)
     if foreground:
         click.echo(_say(f"trainguard: run {record.id}, log {record.log_path}",
                         f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
-        return service.supervise_run(record.id, registry=registry)
+        return finish(registry, record.id, service.supervise_run(record.id, registry=registry))
     try:
         started = service.start_detached(registry, record)
     except Exception:
@@ -343,12 +366,67 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
     return 0
 
 
-def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool) -> int:
+def _under_slurm() -> bool:
+    if slurm.job_id(os.environ) is not None:
+        return True
+    click.echo(_say("trainguard: not in a Slurm job (no SLURM_JOB_ID): --requeue has no effect",
+                    "trainguard：不在 Slurm 作业中（没有 SLURM_JOB_ID）：--requeue 不起作用"), err=True)  # fmt: skip
+    return False
+
+
+class _Finish:
+    """What a foreground run does once it has its verdict: the termination message (Kubernetes), the
+    requeue (Slurm). Neither can change the verdict, and neither failing is more than a warning."""
+
+    def __init__(self, *, requeue: bool = False, termination_log: str | None = None) -> None:
+        self.requeue = requeue
+        self.termination_log = termination_log
+
+    def __call__(self, registry: Registry, run_id: str, verdict: int) -> int:
+        path = self.termination_log or kubernetes.default_path()
+        if path is not None:
+            self._write_termination_log(registry, run_id, verdict, path)
+        if self.requeue:
+            handed = slurm.hand_back(verdict, os.environ)
+            if handed is not None:
+                _requeued, en, zh = handed
+                click.echo(_say(f"trainguard: {en}", f"trainguard：{zh}"), err=True)
+        return verdict
+
+    @staticmethod
+    def _write_termination_log(registry: Registry, run_id: str, verdict: int, path: str) -> None:
+        from trainguard import causes
+
+        lang = choose_language(None, os.environ)
+        try:
+            record = registry.get(run_id)
+        except RegistryError:
+            record = None
+        last = record.attempts[-1] if record is not None and record.attempts else None
+        message = kubernetes.termination_message(
+            run_id=run_id,
+            state=PUBLIC_STATE[RunState(record.state)] if record is not None else "unknown",
+            exit_code=verdict,
+            attempts=len(record.attempts) if record is not None else 0,
+            diagnosis=last.diagnosis if last is not None and last.cause else None,
+            reason=record.reason if record is not None else None,
+            catalogue=causes.catalogue(),
+            lang=lang,
+        )
+        try:
+            kubernetes.write_termination_log(path, message)
+        except OSError as exc:
+            click.echo(_say(f"trainguard: warning: cannot write the termination log {path}: {exc.strerror or exc}",
+                            f"trainguard：警告：无法写入终止日志 {path}：{exc.strerror or exc}"), err=True)  # fmt: skip
+
+
+def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool, finish: _Finish | None = None) -> int:
     record = registry.get(run_id)
     if foreground:
         click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
                         f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
-        return service.supervise_run(run_id, registry=registry, restart=True)
+        verdict = service.supervise_run(run_id, registry=registry, restart=True)
+        return (finish or _Finish())(registry, run_id, verdict)
     started = service.start_detached(registry, record, restart=True)
     _started_message(started, started.command, "continued", "已继续")
     if follow:

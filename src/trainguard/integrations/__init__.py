@@ -8,4 +8,9 @@ itself, so trainguard never depends on them.
 - ``trainguard.integrations.accelerate``: ``load_state(accelerator)`` and ``PreemptionGuard``.
 - ``trainguard.integrations.deepspeed``: ``load_checkpoint(engine, save_dir)`` and ``PreemptionGuard``.
 - ``trainguard.integrations.loop``: ``PreemptionGuard`` for any hand-written loop.
+
+And to the schedulers a foreground run answers to (stdlib only):
+
+- ``trainguard.integrations.slurm``: whether and how ``run --requeue`` asks Slurm to requeue the job.
+- ``trainguard.integrations.kubernetes``: the verdict as a pod's termination message.
 """

@@ -12,6 +12,11 @@ BACKOFF_BASE_S = 2.0
 BACKOFF_CAP_S = 300.0
 CRASH_LOOP_DEATHS = 3  # this many deaths in a row without progress end the run
 STARTUP_LINES = 20  # output beyond this many lines counts as progress
+# Under `run --requeue` in a Slurm job these causes end the run at once (verdict 75) so that Slurm
+# requeues the job: a preempted job's node or time is being taken away, a restart here would be
+# killed with it. Other causes are retried here first (no wait in the queue) and handed to Slurm
+# once the local retries are spent; `--retry CAUSE=no` hands a cause to Slurm at once.
+REQUEUE_AT_ONCE = frozenset({"preempted"})
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,7 @@ class RestartPolicy:
     retry_overrides: Mapping[str, Retry] = field(default_factory=dict)
     backoff_base_s: float = BACKOFF_BASE_S
     backoff_cap_s: float = BACKOFF_CAP_S
+    requeue: bool = False  # run --requeue under Slurm: the scheduler, not this node, takes REQUEUE_AT_ONCE
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
                                               f"{cause_id}：其他节点没有在 --peer-timeout 内加入"))  # fmt: skip
     if policy.mode == "never":
         return Decision(False, "failed", Text(f"died ({cause_id}); --restart never", f"终止（{cause_id}）；--restart never"))
+    if policy.requeue and cause_id in REQUEUE_AT_ONCE:
+        return Decision(False, "failed", Text(f"{cause_id}: handed back to Slurm to requeue the job (--requeue)",
+                                              f"{cause_id}：交还 Slurm 重新排队（--requeue）"))  # fmt: skip
     restarts = len(history) - 1
     if restarts >= policy.max_restarts:
         return Decision(

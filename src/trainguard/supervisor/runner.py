@@ -29,7 +29,7 @@ import psutil
 
 from trainguard import causes, progress
 from trainguard._i18n import Text, choose_language
-from trainguard._proc import ProcessRef, start_time
+from trainguard._proc import ProcessRef, catches_signal, start_time
 from trainguard.checkpoint import layouts
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
@@ -126,6 +126,8 @@ class Supervisor:
         self.sleep = sleep
         self.state = RunState(run.state)
         self.stop_requested: int | None = None
+        self.save_requested: int | None = None  # a save request not yet passed on to the job
+        self._save_request_new = False
         self.history: list[Outcome] = []
         self.batch_scale = 1.0
         self.notifiers = from_record(run.options.get("notify", []))
@@ -143,12 +145,18 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is no reason to stop
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
+        # A pre-timeout signal (`sbatch --signal=B:USR1@120`) asks the job to save, not the run to stop.
+        signal.signal(signal.SIGUSR1, self._on_save_signal)
         # A stop signal wakes the wait below at once (the handler itself only records it).
         self._wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wakeup_write)
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self.stop_requested = signum
+
+    def _on_save_signal(self, signum: int, _frame: object) -> None:
+        self.save_requested = signum
+        self._save_request_new = True
 
     def _stop_grace(self) -> float:
         """The grace period of the stop being acted on: the one `trainguard stop --grace` asked
@@ -496,6 +504,8 @@ class Supervisor:
             if returncode is not None:
                 return returncode
             now = self.clock()
+            if self.save_requested is not None and (self._save_request_new or now >= next_tick):
+                self._pass_on_save_request(watch, self.save_requested)
             if self.stop_requested is not None and self.state is not RunState.STOPPING:
                 self._transition(RunState.STOPPING, Text(f"stopping on signal {self.stop_requested}",
                                                          f"收到信号 {self.stop_requested}，正在停止"))  # fmt: skip
@@ -653,6 +663,30 @@ class Supervisor:
                 if os.path.isfile(path) and os.path.getsize(path) > 0:
                     found.append((path, None, os.path.getmtime(path)))
         return found
+
+    def _pass_on_save_request(self, watch: _AttemptWatch, signum: int) -> None:
+        """A save request (SIGUSR1) goes to the job's processes that handle it (the Checkpointer and
+        the framework callbacks install a handler), never to the others: a DataLoader worker or a
+        launcher without a handler would be killed by it. The run goes on; the job saves and leaves.
+        While no process handles it yet (the job is still importing its libraries), the request waits
+        and is tried again every tick."""
+        name = signal.Signals(signum).name
+        pids = sorted(watch.containment.pids() | {watch.process.pid})
+        passed = [pid for pid in pids if catches_signal(pid, signum) and ProcessRef.of(pid).signal(signum)]
+        noted_before = not self._save_request_new
+        self._save_request_new = False
+        if passed:
+            self.save_requested = None
+            self.journal.event("save_requested", {"attempt": watch.attempt.n, "signal": signum, "passed_to": passed})
+            listed = ", ".join(map(str, passed))
+            self._append_marker(watch.attempt.log_path, Text(f"{name}: a save request, passed on to process(es) {listed}",
+                                                             f"{name}：保存请求，已转发给进程 {listed}"))  # fmt: skip
+        elif not noted_before:
+            self.journal.event("save_request_waiting", {"attempt": watch.attempt.n, "signal": signum})
+            self._append_marker(watch.attempt.log_path, Text(
+                f"{name}: a save request, but no process of the job handles {name} yet (trainguard's Checkpointer "
+                "does): passed on once one does",
+                f"{name}：保存请求，但作业中还没有进程处理 {name}（trainguard 的 Checkpointer 会处理）：有进程处理后再转发"))
 
     def _stop_job(self, watch: _AttemptWatch, grace_s: float) -> int:
         if watch.containment.job is None:

@@ -144,6 +144,7 @@ def _policy(run: Run) -> RestartPolicy:
         mode=o.get("restart", "on-failure"),
         max_restarts=o.get("max_restarts", 10),
         retry_overrides={cause: Retry(value) for cause, value in o.get("retry", {}).items()},
+        requeue=bool(o.get("requeue", False)),
     )
 
 
