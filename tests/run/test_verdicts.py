@@ -57,7 +57,7 @@ def test_under_requeue_only_a_preemption_skips_the_local_restarts(cause: str) ->
     slurm = decide([died], RestartPolicy(requeue=True), CAUSES)
     if cause == "preempted":
         assert local.restart and not slurm.restart and slurm.final_state == "failed"
-        assert "Slurm" in slurm.reason and verdict_exit_code("failed", cause, CAUSES) == TEMPFAIL
+        assert "Slurm" in slurm.reason.en and verdict_exit_code("failed", cause, CAUSES) == TEMPFAIL
     else:
         assert (slurm.restart, slurm.final_state) == (local.restart, local.final_state)
 
