@@ -44,25 +44,25 @@ def test_a_running_job_is_requeued() -> None:
 
 def test_a_job_killed_at_its_time_limit_is_requeued() -> None:
     decision = _decide("time_limit")
-    assert decision.ask and "time limit" in decision.en and "时间上限" in decision.zh
+    assert decision.ask and "time limit" in decision.why.en and "时间上限" in decision.why.zh
 
 
 def test_a_preempted_job_is_requeued() -> None:
     """PreemptMode=CANCEL: Slurm shows it COMPLETING like a cancel; its PreemptTime tells them apart."""
     decision = _decide("preempted")
     assert parse_job(CASES["preempted"][0]).preempted and not parse_job(CASES["cancelled"][0]).preempted
-    assert decision.ask and "preempted" in decision.en and "抢占" in decision.zh
+    assert decision.ask and "preempted" in decision.why.en and "抢占" in decision.why.zh
 
 
 @pytest.mark.parametrize("case", ["cancelled", "cancelled_after_a_requeue"])
 def test_a_scancel_is_not_undone(case: str) -> None:
     decision = _decide(case)
-    assert not decision.ask and "cancelled" in decision.en and "取消" in decision.zh
+    assert not decision.ask and "cancelled" in decision.why.en and "取消" in decision.why.zh
 
 
 def test_a_job_slurm_already_requeued_is_not_asked_for_twice() -> None:
     decision = _decide("requeued_from_outside")
-    assert not decision.ask and "already been requeued" in decision.en
+    assert not decision.ask and "already been requeued" in decision.why.en
 
 
 @pytest.mark.parametrize("verdict", [0, 78, 1])
@@ -70,7 +70,7 @@ def test_only_a_verdict_of_75_is_requeued(verdict: int) -> None:
     decision = _decide("running", verdict)
     assert not decision.ask
     if verdict == 78:
-        assert "needs a fix first" in decision.en
+        assert "needs a fix first" in decision.why.en
 
 
 def test_an_unreadable_job_is_asked_for_anyway_and_slurm_decides() -> None:

@@ -389,8 +389,8 @@ class _Finish:
         if self.requeue:
             handed = slurm.hand_back(verdict, os.environ)
             if handed is not None:
-                _requeued, en, zh = handed
-                click.echo(_say(f"trainguard: {en}", f"trainguard：{zh}"), err=True)
+                _requeued, why = handed
+                click.echo(_say(f"trainguard: {why.en}", f"trainguard：{why.zh}"), err=True)
         return verdict
 
     @staticmethod
@@ -409,7 +409,7 @@ class _Finish:
             exit_code=verdict,
             attempts=len(record.attempts) if record is not None else 0,
             diagnosis=last.diagnosis if last is not None and last.cause else None,
-            reason=record.reason if record is not None else None,
+            reason=record.reason_in(lang) if record is not None else None,
             catalogue=causes.catalogue(),
             lang=lang,
         )

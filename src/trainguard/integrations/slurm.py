@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainguard._i18n import Text
 from trainguard.causes import VERDICT_EXIT
 
 SCONTROL_TIMEOUT_S = 30.0
@@ -43,8 +44,11 @@ class SlurmJob:
 @dataclass(frozen=True)
 class RequeueDecision:
     ask: bool
-    en: str
-    zh: str
+    why: Text
+
+
+def _decision(ask: bool, en: str, zh: str) -> RequeueDecision:
+    return RequeueDecision(ask, Text(en, zh))
 
 
 def job_id(environ: Mapping[str, str]) -> str | None:
@@ -93,36 +97,36 @@ def parse_job(record: str) -> SlurmJob | None:
 
 
 def requeue_decision(verdict: int, job: SlurmJob | None, own_restarts: int) -> RequeueDecision:
-    """Whether to ask Slurm to requeue the job, and why (or why not), in English and Chinese."""
+    """Whether to ask Slurm to requeue the job, and why (or why not)."""
     if verdict != REQUEUE_VERDICT:
         why = {0: ("the run succeeded", "运行已成功"), VERDICT_EXIT["config"]: (
             "the run needs a fix first (exit 78): a requeue would fail the same way",
             "运行需要先修复（退出码 78）：重新排队只会以同样方式失败")}  # fmt: skip
         en, zh = why.get(verdict, (f"the verdict is {verdict}, not 75", f"结论为 {verdict}，不是 75"))
-        return RequeueDecision(False, f"not requeued: {en}", f"未重新排队：{zh}")
+        return _decision(False, f"not requeued: {en}", f"未重新排队：{zh}")
     if job is None:  # scontrol could not say: ask anyway, Slurm refuses what it cannot do
-        return RequeueDecision(True, "requeueing (the job's state could not be read)", "重新排队（无法读取作业状态）")
+        return _decision(True, "requeueing (the job's state could not be read)", "重新排队（无法读取作业状态）")
     if not job.batch:
-        return RequeueDecision(False, f"not requeued: job {job.job_id} is not a batch job (srun/salloc)",
+        return _decision(False, f"not requeued: job {job.job_id} is not a batch job (srun/salloc)",
                                f"未重新排队：作业 {job.job_id} 不是批处理作业（srun/salloc）")  # fmt: skip
     if job.restarts > own_restarts or job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
-        return RequeueDecision(False, f"job {job.job_id} has already been requeued by Slurm",
+        return _decision(False, f"job {job.job_id} has already been requeued by Slurm",
                                f"作业 {job.job_id} 已由 Slurm 重新排队")  # fmt: skip
     if job.state == "RUNNING":  # a pre-timeout save, a preemption's grace time, a failure retries cannot cure
-        return RequeueDecision(True, f"requeueing job {job.job_id}", f"重新排队作业 {job.job_id}")
+        return _decision(True, f"requeueing job {job.job_id}", f"重新排队作业 {job.job_id}")
     if job.preempted or job.state == "PREEMPTED":
-        return RequeueDecision(True, f"requeueing job {job.job_id}: it was preempted",
+        return _decision(True, f"requeueing job {job.job_id}: it was preempted",
                                f"重新排队作业 {job.job_id}：已被抢占")  # fmt: skip
     if job.state == "TIMEOUT" or job.reason == "TimeLimit" or _at_time_limit(job):
-        return RequeueDecision(True, f"requeueing job {job.job_id}: it reached its time limit",
+        return _decision(True, f"requeueing job {job.job_id}: it reached its time limit",
                                f"重新排队作业 {job.job_id}：已到时间上限")  # fmt: skip
     if job.state in ("COMPLETING", "CANCELLED"):
-        return RequeueDecision(
+        return _decision(
             False,
             f"not requeued: job {job.job_id} was cancelled before its time limit (scancel); a cancel is not undone",
             f"未重新排队：作业 {job.job_id} 在时间上限之前被取消（scancel）；取消不会被撤销",
         )
-    return RequeueDecision(True, f"requeueing job {job.job_id} ({job.state})",
+    return _decision(True, f"requeueing job {job.job_id} ({job.state})",
                            f"重新排队作业 {job.job_id}（{job.state}）")  # fmt: skip
 
 
@@ -146,21 +150,21 @@ def request_requeue(slurm_job_id: str) -> tuple[bool, str]:
     return done.returncode == 0, said[-1] if said else f"exit {done.returncode}"
 
 
-def hand_back(verdict: int, environ: Mapping[str, str]) -> tuple[bool, str, str] | None:
+def hand_back(verdict: int, environ: Mapping[str, str]) -> tuple[bool, Text] | None:
     """After a foreground run under ``--requeue``: ask Slurm to requeue when the verdict calls for it.
-    Returns (requeued, message en, message zh), or None outside Slurm."""
+    Returns whether it was requeued and what to say, or None outside Slurm."""
     slurm_job_id = job_id(environ)
     if slurm_job_id is None:
         return None
     job = read_job(slurm_job_id) if verdict == REQUEUE_VERDICT else None
     decision = requeue_decision(verdict, job, restart_count(environ))
     if not decision.ask:
-        return False, decision.en, decision.zh
+        return False, decision.why
     took, said = request_requeue(slurm_job_id)
     if took:
-        return True, decision.en, decision.zh
-    return (False, f"scontrol requeue {slurm_job_id} failed: {said}",
-            f"scontrol requeue {slurm_job_id} 失败：{said}")  # fmt: skip
+        return True, decision.why
+    failed = f"scontrol requeue {slurm_job_id}"
+    return False, Text(f"{failed} failed: {said}", f"{failed} 失败：{said}")
 
 
 def _scontrol(args: list[str]) -> subprocess.CompletedProcess | None:
