@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from tests.conftest import is_root
+from tests.real.runs import wait_for
 from trainguard.top import render
 
 pytestmark = pytest.mark.real
@@ -36,16 +37,6 @@ def state_of(home: Path, ref: str) -> dict:
     return json.loads(tg(home, "status", ref, "--json").stdout)
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def text_of(renderable, width: int = 160) -> str:
     console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     console.print(renderable)
@@ -61,9 +52,11 @@ def home(tmp_path_factory):
     assert started.returncode == 0, started.stderr
     tg(home, "run", "--name", "broken", "--", *TOY, "--fault", "python_error", "--fault-step", "3")
     tg(home, "run", "--name", "preempt", "--", *TOY, "--steps", "30", "--fault", "preempted", "--fault-step", "10")
-    wait_for(lambda: state_of(home, "broken")["state"] == "failed", what="the broken run to fail")
-    wait_for(lambda: state_of(home, "preempt")["state"] == "succeeded", what="the preempted run to finish")
-    wait_for(lambda: (state_of(home, "live")["attempts"][-1]["step"] or 0) > 10, what="the live run's progress")
+    wait_for(lambda: state_of(home, "broken")["state"] == "failed", what="the broken run to fail", timeout=60)
+    wait_for(lambda: state_of(home, "preempt")["state"] == "succeeded", what="the preempted run to finish", timeout=60)
+    wait_for(
+        lambda: (state_of(home, "live")["attempts"][-1]["step"] or 0) > 10, what="the live run's progress", timeout=60
+    )
     yield home
     if state_of(home, "live")["state"] == "running":
         tg(home, "stop", "live", "--grace", "1s")
@@ -89,7 +82,9 @@ def test_the_snapshot_shows_each_real_run_as_it_is(home: Path) -> None:
     if is_root():
         assert live.limit == MEMORY_LIMIT and live.limit_is_own
     # The step moves between two snapshots: it comes from the job's own reports, not a stale copy.
-    later = wait_for(lambda: next(r for r in collector(home).snapshot().runs if r.name == "live").step > live.step)
+    later = wait_for(
+        lambda: next(r for r in collector(home).snapshot().runs if r.name == "live").step > live.step, timeout=60
+    )
     assert later
     assert (broken.state, broken.attempt, broken.last_cause) == ("failed", 1, "python_error")
     assert broken.rss is None and not broken.active
