@@ -19,8 +19,8 @@ import torch
 from trainguard import Checkpointer
 
 # 50 in the suite; benchmarks/crash_safety.sh runs hundreds through the same test.
-# A few kills in the quick tier, a hundred in the slower one (TRAINGUARD_CRASH_KILLS overrides both).
-QUICK_KILLS, SLOW_KILLS = 15, 100
+# A few kills in the quick tier, fifty in the slower one (TRAINGUARD_CRASH_KILLS overrides both).
+QUICK_KILLS, SLOW_KILLS = 15, 50
 KEEP = 3
 
 TRAINER = """
