@@ -72,8 +72,8 @@ def test_a_truncated_checkpoint_is_moved_aside_by_pruning_and_never_counted(tmp_
 WRITER_TRAINER = """
     import sys, time
     from trainguard import Checkpointer
-    ckpt = Checkpointer(sys.argv[1], every=None, every_steps=1, keep=2)
-    for step in range(200):
+    ckpt = Checkpointer(sys.argv[1], every=None, every_steps=int(sys.argv[2]), keep=2)
+    for step in range(400):
         time.sleep(0.05)
         ckpt.maybe_save(step, {"step": step, "blob": b"x" * 1_000_000})
         print(step, time.monotonic(), flush=True)
@@ -101,22 +101,31 @@ def _writer_of(pid: int) -> int:
     return wait_for(find, what="the checkpoint writer process")
 
 
-def test_a_stopped_writer_does_not_freeze_training_and_saves_go_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["idle", "any"])
+def test_a_stopped_writer_does_not_freeze_training_and_saves_go_on(tmp_path: Path, moment: str) -> None:
+    """``idle``: the writer is stopped between two saves, waiting for the next one (a save of a
+    megabyte of non-tensor state then must not block on the writer's socket); ``any``: at whatever
+    moment the 10th step comes, often in the middle of a save."""
     folder = tmp_path / "ckpt"
-    trainer = subprocess.Popen([sys.executable, script(tmp_path, "t.py", WRITER_TRAINER), str(folder)],
+    every_steps = 20 if moment == "idle" else 1
+    trainer = subprocess.Popen([sys.executable, script(tmp_path, "t.py", WRITER_TRAINER), str(folder), str(every_steps)],
                                stdout=subprocess.PIPE, text=True)  # fmt: skip
     writer = None
     try:
         lines = _read_lines(trainer, count=10, timeout_s=30)
         writer = _writer_of(trainer.pid)
+        if moment == "idle":  # just after a save is on disk: the next one is a second away
+            wait_for(lambda: list(folder.glob("step-*")) and not list(folder.glob(".tmp-*")), what="a first save")
         os.kill(writer, signal.SIGSTOP)  # a writer hung on a dead mount, or stopped by a person
-        lines += _read_lines(trainer, timeout_s=8)  # a frozen trainer prints nothing: the gaps show it
+        after_stop = _read_lines(trainer, timeout_s=8)  # a frozen trainer prints nothing: the gaps show it
+        lines += after_stop
         trainer.send_signal(signal.SIGTERM)  # a stop must still save at once
         lines += _read_lines(trainer, timeout_s=30, until="stopped")
     finally:
         trainer.kill()
         if writer is not None:
             with_suppress_kill(writer)
+    assert len(after_stop) >= 40, f"training froze behind the stopped writer: {len(after_stop)} steps in 8 s"
     times = [float(line.split()[1]) for line in lines if line.strip() and line.split()[0].isdigit()]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 1.0, f"training stalled {max(gaps):.1f} s behind a stopped writer"

@@ -1,9 +1,10 @@
 """The checkpoint writer: a persistent process that turns staged bytes into a durable checkpoint.
 
-The training process copies its tensors into a shared memory buffer (a memfd, so a small /dev/shm
-does not matter) and sends this process the rest; serialising, checksumming, writing and fsyncing
-happen here, off the training process's GIL and CPU. It ignores SIGINT and SIGTERM (a stop signal to
-the job must not cut a save short) and exits when the training process closes the connection.
+The training process copies its tensors, and the pickled rest of the state after them, into a shared
+memory buffer (a memfd, so a small /dev/shm does not matter) and sends this process a short note of
+where they lie; checksumming, writing and fsyncing happen here, off the training process's GIL and
+CPU. It ignores SIGINT and SIGTERM (a stop signal to the job must not cut a save short) and exits
+when the training process closes the connection.
 
     python -m trainguard.checkpoint._writer CONNECTION_FD MEMFD
 """
@@ -38,13 +39,15 @@ def serve(connection: Connection, memfd: int) -> int:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 mapped = mmap.mmap(memfd, job["buffer_size"], flags, mmap.PROT_READ)
             data = [memoryview(mapped)[: job["data_size"]]] if job["data_size"] else []
+            start = job["tree_offset"]
+            tree = bytes(mapped[start : start + job["tree_size"]]) if job["tree_size"] else b""
             directory = Path(job["directory"])
             rank = job.get("rank")
             if rank is None:
                 prune(directory, job["keep"])  # what a kill between an earlier save and its pruning left
-                path = write_checkpoint(directory, job["step"], job["tree"], data, wall_time=job["time"])
+                path = write_checkpoint(directory, job["step"], tree, data, wall_time=job["time"])
             else:
-                path = write_shard(directory, job["step"], rank, job["world_size"], job["tree"], data,
+                path = write_shard(directory, job["step"], rank, job["world_size"], tree, data,
                                    wall_time=job["time"])  # fmt: skip
             reply = {"ok": True, "path": str(path)}
         except CheckpointError as exc:

@@ -161,9 +161,11 @@ class _Writer:
         self.in_flight: dict[str, Any] | None = None
         self.submitted_at = 0.0
 
-    def submit(self, job: dict[str, Any]) -> None:
+    def submit(self, job: dict[str, Any], *, tree: bytes) -> None:
+        """Hand the writer a staged save. ``tree`` stays here, kept to write the save in this process
+        should the writer get stuck; the writer reads its own copy from the staging buffer."""
         self.connection.send(job)
-        self.in_flight = job
+        self.in_flight = {**job, "tree": tree}
         self.submitted_at = time.monotonic()
 
     def in_flight_for(self) -> float:
@@ -221,6 +223,11 @@ class WriterStuck(Exception):
     def __init__(self, job: dict[str, Any]) -> None:
         super().__init__(f"step {job['step']}")
         self.job = job
+
+
+def _tree_offset(data_size: int) -> int:
+    """Where the pickled tree starts in the staging buffer: after the tensors, page-aligned."""
+    return (data_size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
 
 
 def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterator[memoryview | bytes]:
@@ -392,7 +399,7 @@ class Checkpointer:
         self._last_saved_step = step
         self._last_size = data_size + len(tree)
         blocking = (not self.asynchronous) if blocking is None else blocking
-        staged = self._stage(tensors, specs, data_size)
+        staged = self._stage(tensors, specs, data_size, tree if not blocking else b"")
         if staged and not blocking:
             self._submit(step, tree, data_size)
             return
@@ -422,42 +429,52 @@ class Checkpointer:
                 f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
             )
 
-    def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int) -> bool:
+    def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int, tree: bytes) -> bool:
+        """Copy the tensors, and the pickled rest of the state after them, into the shared buffer.
+
+        Everything a save holds goes through shared memory and the message to the writer stays a few
+        hundred bytes: a megabyte sent down the socket blocks the trainer as soon as the writer stops
+        reading (SIGSTOPped, hung on a dead mount), and then not even SIGTERM's save can run."""
         if not self.asynchronous and not tensors:
             return False
-        if data_size == 0:
+        if data_size == 0 and not tree:
             return True
         try:
             if self._staging is None:
                 self._staging = _Staging()
-            if not self._staging.ensure(data_size):
+            if not self._staging.ensure(_tree_offset(data_size) + len(tree)):
                 log.warning(
                     "not enough free memory to stage %.1f MB for an asynchronous save: saving synchronously",
-                    data_size / 1e6,
+                    (data_size + len(tree)) / 1e6,
                 )
                 return False
         except OSError as exc:
             log.warning("cannot stage the checkpoint in memory (%s): saving synchronously", exc)
             return False
-        self._staging.copy_in(tensors, specs)
+        if tensors:
+            self._staging.copy_in(tensors, specs)
+        if tree:
+            offset = _tree_offset(data_size)
+            self._staging.map[offset : offset + len(tree)] = tree
         return True
 
     def _submit(self, step: int, tree: bytes, data_size: int) -> None:
         if self._writer is None or not self._writer.alive():
-            fd = self._staging.fd if self._staging is not None else os.memfd_create("trainguard-empty", os.MFD_CLOEXEC)
-            self._writer = _Writer(fd)
+            self._writer = _Writer(self._staging.fd)
         self._writer.submit(
             {
                 "directory": str(self.directory),
                 "step": step,
                 "time": time.time(),
-                "tree": tree,
+                "tree_offset": _tree_offset(data_size),
+                "tree_size": len(tree),
                 "data_size": data_size,
-                "buffer_size": self._staging.size if self._staging is not None and data_size else 0,
+                "buffer_size": self._staging.size,
                 "keep": self.keep,
                 "rank": self.rank if self.sharded else None,
                 "world_size": self.world_size,
-            }
+            },
+            tree=tree,
         )
 
     @property
