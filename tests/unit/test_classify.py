@@ -51,6 +51,33 @@ def test_a_bare_killed_is_host_oom_with_modest_confidence() -> None:
     assert 0.4 <= result.confidence <= 0.7
 
 
+def test_every_report_of_one_sigkill_is_one_witness() -> None:
+    # The shell's `Killed`, the launcher's exitcode -9 and exit status 137 all say one thing: a
+    # SIGKILL came. Three echoes of it must not add up to certainty about who sent it.
+    log = "step 41\n[0]<stderr>:Killed\n  exitcode  : -9 (pid: 6421)\n"
+    result = diagnose(log, exit_status=ExitStatus.from_number(137))
+    assert result.cause == "host_oom"
+    assert result.confidence == diagnose("step 41\nKilled\n").confidence <= 0.7
+
+
+def test_a_list_of_possible_causes_is_not_a_report_of_each() -> None:
+    # Ray names SIGSEGV among the causes a vanished worker may have had: no segfault was seen.
+    ray = ("The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+           "Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root causes. "
+           "(1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop --force is called. "
+           "(3) The worker is crashed unexpectedly due to SIGSEGV or other unexpected errors.\n")  # fmt: skip
+    d = diagnose(ray)
+    assert d.cause == "host_oom" and d.confidence < 0.6
+    assert "segfault" in dict(d.alternatives)
+
+
+def test_options_run_as_commands_mean_a_broken_launch_script_not_a_python_error() -> None:
+    log = ("train.py: error: the following arguments are required: -t/--task_name, -b/--batch_size\n"
+           "./scripts/train.sh: line 2: --task_name: command not found\n"
+           "./scripts/train.sh: line 3: --batch_size: command not found\n")  # fmt: skip
+    assert diagnose(log, exit_status=ExitStatus.from_number(127)).cause == "bad_command"
+
+
 def test_killed_with_an_oom_killer_record_naming_the_process_is_certain() -> None:
     log = "/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed                  python3 main.py\n"
     kernel = [

@@ -8,7 +8,8 @@ How it weighs:
    exception that wraps a failure) count at a fraction of their weight when a root observation of
    another cause is strong: they are echoes of that failure.
 3. Independent observations of one cause combine like independent witnesses:
-   confidence = 1 - prod(1 - w) over its distinct rules (a rule repeated a thousand times is one witness).
+   confidence = 1 - prod(1 - w) over its distinct rules (a rule repeated a thousand times is one witness;
+   the lines that only report a SIGKILL are one witness together).
 4. The most confident cause wins; on a tie the earliest evidence wins (the first failure is the root).
 """
 
@@ -77,6 +78,13 @@ def _effective_weights(observations: Sequence[Observation]) -> list[tuple[Observ
     return weighted
 
 
+def _witness(obs: Observation) -> str:
+    """Which independent witness an observation is. Every line that says only "a process got
+    SIGKILL" (the shell's `Killed`, exit status 137, a launcher's exitcode -9) reports one event whose
+    sender they cannot know: together they are one witness, however many of them print it."""
+    return "sigkill" if obs.sigkill else obs.rule
+
+
 def _combine(weights: Sequence[float]) -> float:
     remaining = 1.0
     for weight in weights:
@@ -88,11 +96,12 @@ def classify(observations: Sequence[Observation]) -> Diagnosis:
     readings = _one_reading_per_line(observations)
     weighted = [(o, w) for o, w in _effective_weights(readings) if w > 0]
 
-    per_rule: dict[str, dict[str, float]] = defaultdict(dict)  # cause -> rule -> heaviest weight
+    per_rule: dict[str, dict[str, float]] = defaultdict(dict)  # cause -> witness -> heaviest weight
     earliest: dict[str, tuple[int, int]] = {}
     for obs, weight in weighted:
         rules = per_rule[obs.cause]
-        rules[obs.rule] = max(weight, rules.get(obs.rule, 0.0))
+        witness = _witness(obs)
+        rules[witness] = max(weight, rules.get(witness, 0.0))
         if obs.cause not in earliest or obs.order < earliest[obs.cause]:
             earliest[obs.cause] = obs.order
     scores = {cause: _combine(list(rules.values())) for cause, rules in per_rule.items()}
