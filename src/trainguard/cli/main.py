@@ -10,6 +10,7 @@ import click
 
 from trainguard import __version__
 from trainguard._i18n import choose_language
+from trainguard.cli.help_zh import ROOT, HelpContext, language_in, localize, set_language
 from trainguard.errors import TrainguardError, UsageError
 
 # Each command's module is imported only when that command runs: `trainguard diagnose` should not pay
@@ -32,13 +33,24 @@ _COMMANDS = {
 
 
 class _LazyGroup(click.Group):
+    # Help in the language of the command line (--help in Chinese: cli/help_zh.py).
+    context_class = HelpContext
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        set_language(ctx, language_in(args, os.environ))
+        localize(self, ROOT, ctx)
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*_COMMANDS, *self.commands})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in _COMMANDS:
             self.add_command(getattr(importlib.import_module(_COMMANDS[cmd_name]), cmd_name))
-        return self.commands.get(cmd_name)
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            localize(command, cmd_name, ctx)
+        return command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
