@@ -169,9 +169,20 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--name", help="A name that stands for the run; the name of an ended run continues that run.")
 @click.option(
-    "--restart", type=click.Choice(["never", "on-failure", "always"]), default="on-failure", show_default=True
+    "--restart",
+    type=click.Choice(["never", "on-failure", "always"]),
+    default="on-failure",
+    show_default=True,
+    help="When a dead job is started again: on-failure restarts the causes worth a retry (see --retry), "
+    "always also restarts a job that exited 0, never leaves every death for you.",
 )
-@click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(0, 10_000),
+    default=10,
+    show_default=True,
+    help="Restarts the run may use in all; then it ends failed.",
+)
 @click.option(
     "--retry",
     "retry",
@@ -228,7 +239,13 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
     metavar="DUR",
     help="Time between the stop signal and SIGKILL, for a last checkpoint.",
 )
-@click.option("--stop-signal", callback=_signal_number, default="TERM", show_default=True)
+@click.option(
+    "--stop-signal",
+    callback=_signal_number,
+    default="TERM",
+    show_default=True,
+    help="The signal `trainguard stop` and a hang send first (TERM, INT, USR1, ...), before --grace runs out.",
+)
 @click.option(
     "--sample-interval",
     callback=_duration,
@@ -467,7 +484,9 @@ def _check_port_free(bind: str, port: int) -> None:
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=9400, show_default=True)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=9400, show_default=True, help="The port /metrics is served on."
+)
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Listen address (0.0.0.0 for every interface).")
 def exporter(port: int, bind: str) -> int:
     """Serve Prometheus metrics of this machine's runs, GPUs and host at http://BIND:PORT/metrics."""
@@ -508,7 +527,7 @@ def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array, a run per element.")
 def ps(as_json: bool) -> int:
     """List runs, newest first."""
     registry = _registry()
@@ -535,7 +554,7 @@ def ps(as_json: bool) -> int:
 
 @click.command()
 @click.argument("ref", metavar="RUN")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(ref: str, as_json: bool) -> int:
     """A run's state, attempts and the cause of each death."""
     registry = _registry()
