@@ -415,3 +415,35 @@ def test_a_failed_save_in_flight_does_not_cost_sigterms_save(tmp_path: Path) -> 
     assert "File too large" in done.stderr, "the writer was meant to fail step 1"
     assert done.stdout.strip() == "stop save True"
     assert Checkpointer(folder, every=None, handle_signals=False).load_latest() == {"step": 2, "blob": b"y" * 2_000_000}
+
+
+def test_a_rank_whose_save_came_late_saves_the_same_steps_as_the_others_again(tmp_path: Path) -> None:
+    """A rank whose due save waited for one still in flight (a slow or stopped writer) saved a few
+    steps late, and counted every later save from there: its steps never matched the other ranks'
+    again, and no checkpoint of the job completed for the rest of the run."""
+    folder = tmp_path / "ckpt"
+    rank0 = Checkpointer(folder, every=None, every_steps=5, keep=3, rank=0, world_size=2, handle_signals=False)
+    rank1 = Checkpointer(folder, every=None, every_steps=5, keep=3, rank=1, world_size=2, handle_signals=False)
+    rank0.save({"step": 0, "rank": 0}, 0)
+    rank0.wait()
+    writer = _writer_of(os.getpid())  # rank 0's: rank 1 has none yet
+    rank1.save({"step": 0, "rank": 1}, 0)
+    rank1.wait()
+    os.kill(writer, signal.SIGSTOP)  # rank 0's next save stays in flight
+    try:
+        for step in range(1, 31):
+            if step == 11:
+                os.kill(writer, signal.SIGCONT)
+                wait_for(lambda: not rank0.saving, what="rank 0's late save")
+            rank0.maybe_save(step, {"step": step, "rank": 0})
+            rank1.maybe_save(step, {"step": step, "rank": 1})
+            rank1.wait()  # rank 1's writer keeps up, and rank 0's does once it runs again
+            if step >= 11:
+                rank0.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(writer, signal.SIGCONT)
+        rank0.close()
+        rank1.close()
+    latest = Checkpointer(folder, every=None, rank=1, world_size=2, handle_signals=False).load_latest()
+    assert latest is not None and latest["step"] >= 25, f"the ranks never saved the same step again: {latest}"

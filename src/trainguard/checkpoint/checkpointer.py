@@ -403,8 +403,14 @@ class Checkpointer:
 
     def _due(self, step: int) -> bool:
         if self.every_steps is not None:
-            since = step - self._last_saved_step if self._last_saved_step is not None else step + 1
-            if since >= self.every_steps:
+            last = self._last_saved_step if self._last_saved_step is not None else -1
+            if self.sharded:
+                # Every rank must save the same steps for a step to complete: periods are counted
+                # from step 0, not from this rank's last save, so a save that came late on one rank
+                # (its writer was still busy) costs that period alone, never every later one.
+                if (step + 1) // self.every_steps > (last + 1) // self.every_steps:
+                    return True
+            elif step - last >= self.every_steps:
                 return True
         return self.every_s is not None and self._clock() - self._last_save_time >= self.every_s
 
