@@ -447,3 +447,33 @@ def test_a_rank_whose_save_came_late_saves_the_same_steps_as_the_others_again(tm
         rank1.close()
     latest = Checkpointer(folder, every=None, rank=1, world_size=2, handle_signals=False).load_latest()
     assert latest is not None and latest["step"] >= 25, f"the ranks never saved the same step again: {latest}"
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_sparse_quantized_and_nested_tensors_are_saved_exactly(tmp_path: Path, asynchronous: bool) -> None:
+    """Every tensor was copied as raw dense bytes: a sparse embedding's or a quantized model's
+    state made save() raise a RuntimeError, out of maybe_save too, and the training ended."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sparse CSR is a beta feature
+        state = {
+            "coo": torch.eye(5).to_sparse(),
+            "csr": torch.eye(4).to_sparse_csr(),
+            "q": torch.quantize_per_tensor(torch.linspace(-1, 1, 9), 0.05, 3, torch.qint8),
+            "nested": torch.nested.nested_tensor([torch.ones(2), torch.arange(3.0)]),
+            "dense": torch.arange(7.0),
+        }
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, every=None, every_steps=1, asynchronous=asynchronous, handle_signals=False)
+    assert ckpt.maybe_save(0, state), ckpt.last_error
+    ckpt.close()
+    loaded = Checkpointer(folder, every=None, handle_signals=False).load_latest()
+    assert loaded["coo"].layout == torch.sparse_coo and torch.equal(loaded["coo"].to_dense(), torch.eye(5))
+    assert loaded["csr"].layout == torch.sparse_csr and torch.equal(loaded["csr"].to_dense(), torch.eye(4))
+    assert loaded["q"].is_quantized and torch.equal(loaded["q"].int_repr(), state["q"].int_repr())
+    assert (loaded["q"].q_scale(), loaded["q"].q_zero_point()) == (0.05, 3)
+    assert [t.tolist() for t in loaded["nested"].unbind()] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
+    assert torch.equal(loaded["dense"], state["dense"])
