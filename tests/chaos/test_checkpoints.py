@@ -477,3 +477,65 @@ def test_sparse_quantized_and_nested_tensors_are_saved_exactly(tmp_path: Path, a
     assert (loaded["q"].q_scale(), loaded["q"].q_zero_point()) == (0.05, 3)
     assert [t.tolist() for t in loaded["nested"].unbind()] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
     assert torch.equal(loaded["dense"], state["dense"])
+
+
+def _writers_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"trainguard.checkpoint._writer" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_slow_writer_that_keeps_working_is_never_killed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A writer was declared stuck after STUCK_MIN_S in flight, however busy it was: on a loaded
+    machine (a CPU limit, cpulimit, every core taken by the job) a save longer than that was killed,
+    started again, killed again... and no checkpoint was ever written. Here the writer runs 1% of
+    the time, as cpulimit throttles a process (SIGSTOP/SIGCONT)."""
+    import threading
+
+    import torch
+
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, every=None, every_steps=1, handle_signals=False)
+    weights = torch.ones(10_000_000)  # 40 MB: unthrottled, a fraction of a second to write
+    done = threading.Event()
+
+    def throttle() -> None:
+        writers: list[int] = []
+        scanned = 0.0
+        while not done.is_set():
+            now = time.monotonic()
+            if now - scanned > 0.05:
+                writers, scanned = _writers_of(os.getpid()), now
+            running = now % 0.5 < 0.005
+            for pid in writers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
+            time.sleep(0.004)
+        for pid in _writers_of(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    throttler = threading.Thread(target=throttle, daemon=True)
+    throttler.start()
+    started = time.monotonic()
+    try:
+        step = 0
+        while ckpt.last_saved is None and time.monotonic() - started < 30:
+            ckpt.maybe_save(step, {"step": step, "w": weights})
+            step += 1
+            time.sleep(0.05)
+    finally:
+        done.set()
+        throttler.join()
+        ckpt.close()
+    took = time.monotonic() - started
+    killed = [r.getMessage() for r in caplog.records if "writer did not" in r.getMessage()]
+    assert not killed, f"a writer that kept working was killed: {killed}"
+    assert took > 5, f"the throttled save took {took:.1f} s: too short to tell"
+    assert 0 in _saved_steps(folder), "the slow save never reached the disk"
+    first = _load_each(folder)[0]
+    assert first["step"] == 0 and torch.equal(first["w"], weights)

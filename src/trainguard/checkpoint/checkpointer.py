@@ -57,10 +57,14 @@ log = logging.getLogger("trainguard.checkpoint")
 MEMORY_MARGIN = 512 * 1024 * 1024
 # A save needs the room of the last one, plus this: the disk must never be what the save fills.
 DISK_MARGIN = 1024 * 1024
-# A save in flight longer than this many times the last one's duration (and at least STUCK_MIN_S)
-# means the writer is stuck (stopped, hung on a dead mount): it is killed, and training never waits.
+# A writer that shows no sign of work on the save in flight (no CPU time, no bytes through its system
+# calls, no wake-up) for this many times the last save's duration, and at least STUCK_MIN_S, is stuck
+# (stopped, hung on a dead mount): it is killed, and training never waits. A slow writer that keeps
+# working (a CPU limit, a loaded machine, a slow disk) is never killed for being slow.
 STUCK_FACTOR = 3.0
 STUCK_MIN_S = 5.0
+# How often the writer's activity is read from /proc while a save is in flight.
+ACTIVITY_SAMPLE_S = 0.2
 
 
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -168,12 +172,16 @@ class _Writer:
         self.connection = Connection(parent.detach())
         self.in_flight: dict[str, Any] | None = None
         self.submitted_at = 0.0
+        self._active_at = 0.0  # when the writer last showed a sign of work
+        self._sampled_at = 0.0
+        self._activity: int | None = None
 
     def submit(self, job: dict[str, Any], *, tree: bytes) -> None:
         """Hand the writer a staged save. ``tree`` stays here, kept to write the save in this process
         should the writer get stuck or die; the writer reads its own copy from the staging buffer."""
         self.in_flight = {**job, "tree": tree}
-        self.submitted_at = time.monotonic()
+        self.submitted_at = self._active_at = self._sampled_at = time.monotonic()
+        self._activity = self.activity()
         try:
             self.connection.send(job)
         except OSError as exc:  # it died after it was last seen alive (EPIPE, ECONNRESET)
@@ -182,15 +190,50 @@ class _Writer:
     def in_flight_for(self) -> float:
         return time.monotonic() - self.submitted_at if self.in_flight is not None else 0.0
 
-    def wait(self, timeout_s: float | None = None) -> Path | None:
-        """The path of the save in flight once it is on disk; raises WriterStuck when no answer came
-        within ``timeout_s``, or the writer died before it answered (the save is still staged)."""
+    def activity(self) -> int | None:
+        """A count that grows whenever the writer does anything: CPU time, bytes through its system
+        calls, wake-ups (each page an fsync waits for is one). None where /proc cannot tell."""
+        pid = self.process.pid
+        total, known = 0, False
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            known = True
+        for name, keys in (("status", ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")),
+                           ("io", ("rchar", "wchar"))):  # fmt: skip
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in keys:
+                        total += int(value)
+                        known = True
+        return total if known else None
+
+    def idle_for(self) -> float:
+        """How long the save in flight has gone without a sign of work from the writer (since it was
+        submitted, where /proc cannot tell); 0 when none is in flight."""
+        if self.in_flight is None:
+            return 0.0
+        now = time.monotonic()
+        if now - self._sampled_at >= ACTIVITY_SAMPLE_S:
+            self._sampled_at = now
+            activity = self.activity()
+            if activity is not None and activity != self._activity:
+                self._activity, self._active_at = activity, now
+        return now - self._active_at
+
+    def wait(self, patience_s: float | None = None) -> Path | None:
+        """The path of the save in flight once it is on disk; raises WriterStuck when the writer
+        showed no sign of work for ``patience_s``, or died before it answered (the save is still
+        staged). A writer that keeps working is waited for, however slow."""
         job = self.in_flight
         if job is None:
             return None
         try:
-            if timeout_s is not None and not self.connection.poll(max(0.0, timeout_s)):
-                raise WriterStuck(job)
+            if patience_s is not None:
+                while not self.connection.poll(max(0.0, min(2 * ACTIVITY_SAMPLE_S, patience_s - self.idle_for()))):
+                    if self.idle_for() >= patience_s:
+                        raise WriterStuck(job)
             reply = self.connection.recv()
         except (EOFError, OSError) as exc:
             raise WriterStuck(job, died=True) from exc
@@ -382,7 +425,7 @@ class Checkpointer:
         if not self._due(step):
             return False
         if self._writer is not None and not self._writer.done():
-            if self._writer.in_flight_for() < self._stuck_after():
+            if self._writer.idle_for() < self._stuck_after():
                 return False  # the previous save is still being written: try again at a later step
             self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
@@ -533,8 +576,9 @@ class Checkpointer:
         if died:
             log.warning("the checkpoint writer process died while saving step %s; a new one takes over", step)
         else:
-            log.warning("the checkpoint writer did not finish step %s in %.0f s: killed; a new one takes over",
-                        step, writer.in_flight_for())  # fmt: skip
+            log.warning("the checkpoint writer did not finish step %s in %.0f s, nor show any sign of work for "
+                        "%.0f s: killed; a new one takes over",
+                        step, writer.in_flight_for(), writer.idle_for())  # fmt: skip
         writer.kill()
         self._clean_after_writer()
         return job
@@ -565,7 +609,7 @@ class Checkpointer:
             return None
         job = self._writer.in_flight
         try:
-            path = self._writer.wait(timeout_s=max(0.0, self._stuck_after() - self._writer.in_flight_for()))
+            path = self._writer.wait(patience_s=self._stuck_after())
         except WriterStuck as exc:
             return self._take_over(died=exc.died)
         if path is not None:
