@@ -297,11 +297,13 @@ def invalidate_job(step_dir: Path) -> None:
         os.rename(step_dir / JOB_FILE, step_dir / f"damaged-{JOB_FILE}")
 
 
-def clean_stale_shards(directory: Path, rank: int) -> list[Path]:
+def clean_stale_shards(directory: Path, rank: int, *, dead_attempt: bool = True) -> list[Path]:
     """What this rank left behind: its temporary shard folders, its shards without a manifest, and
-    its shards of steps newer than the newest complete one (written by an attempt that died: another
-    rank's shard of a later attempt must never complete them). Called when the rank starts, before
-    it trains: no shard of this rank is being written then."""
+    (``dead_attempt``) its shards of steps newer than the newest complete one (written by an attempt
+    that died: another rank's shard of a later attempt must never complete them). Called when the
+    rank starts, before it trains: no shard of this rank is being written then. A running rank that
+    replaces its writer passes ``dead_attempt=False``: its whole shards of incomplete steps are this
+    attempt's own, waiting for the other ranks to complete the step."""
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
@@ -315,7 +317,7 @@ def clean_stale_shards(directory: Path, rank: int) -> list[Path]:
             for path in list(step_dir.iterdir()):
                 tmp = _SHARD_TMP_NAME.match(path.name)
                 unfinished = not (path / MANIFEST_FILE).exists()
-                of_a_dead_attempt = step > newest and not (step_dir / JOB_FILE).exists()
+                of_a_dead_attempt = dead_attempt and step > newest and not (step_dir / JOB_FILE).exists()
                 if (tmp and int(tmp.group(1)) == rank) or (
                     path.name == shard_name(rank) and (unfinished or of_a_dead_attempt)
                 ):

@@ -32,8 +32,18 @@ class TensorSpec:
 
 
 def _is_tensor(obj: Any) -> bool:
+    """A tensor whose bytes are one dense block on a real device: copied raw into the data file.
+    Any other tensor (sparse, quantized, nested, meta) stays in the tree, pickled by torch itself:
+    copying it as dense bytes raised out of ``save`` and ended the training."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
+    return (
+        torch is not None
+        and isinstance(obj, torch.Tensor)
+        and obj.layout == torch.strided
+        and not obj.is_quantized
+        and not getattr(obj, "is_nested", False)
+        and obj.device.type != "meta"
+    )
 
 
 def flatten(state: Any) -> tuple[Any, list[Any]]:
@@ -58,6 +68,9 @@ def flatten(state: Any) -> tuple[Any, list[Any]]:
             return [walk(item) for item in obj]
         if type(obj) is tuple:
             return tuple(walk(item) for item in obj)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return obj.detach()  # sparse, quantized, nested, meta: pickled by torch (``_is_tensor``)
         return obj  # anything else is pickled as it is
 
     return walk(state), tensors

@@ -16,6 +16,7 @@ import mmap
 import os
 import signal
 import sys
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -31,10 +32,13 @@ def serve(connection: Connection, memfd: int) -> int:
             return 0
         if job.get("exit"):
             return 0
+        started = time.monotonic()
+        data: list[memoryview] = []
         try:
             if job["buffer_size"] and (mapped is None or len(mapped) != job["buffer_size"]):
                 if mapped is not None:
-                    mapped.close()
+                    with contextlib.suppress(BufferError):  # a view still out: the map goes with it
+                        mapped.close()
                 # Populated at once: mapping the pages one fault at a time costs seconds per GB.
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 mapped = mmap.mmap(memfd, job["buffer_size"], flags, mmap.PROT_READ)
@@ -49,11 +53,20 @@ def serve(connection: Connection, memfd: int) -> int:
             else:
                 path = write_shard(directory, job["step"], rank, job["world_size"], tree, data,
                                    wall_time=job["time"])  # fmt: skip
-            reply = {"ok": True, "path": str(path)}
+            # How long the save itself took, not how long the trainer took to ask: it sizes the
+            # trainer's patience with a save in flight (and with SIGTERM's save waiting behind it).
+            reply = {"ok": True, "path": str(path), "seconds": time.monotonic() - started}
         except CheckpointError as exc:
             reply = {"ok": False, "error": str(exc)}
         except Exception as exc:
             reply = {"ok": False, "error": f"checkpoint writer failed: {type(exc).__name__}: {exc}"}
+        finally:
+            # A view kept into the next job makes closing the map fail once the buffer grows
+            # (BufferError: exported pointers exist), and then every later save failed with it.
+            for view in data:
+                with contextlib.suppress(BufferError):
+                    view.release()
+            data = []
         try:
             connection.send(reply)
         except (BrokenPipeError, OSError):

@@ -57,10 +57,14 @@ log = logging.getLogger("trainguard.checkpoint")
 MEMORY_MARGIN = 512 * 1024 * 1024
 # A save needs the room of the last one, plus this: the disk must never be what the save fills.
 DISK_MARGIN = 1024 * 1024
-# A save in flight longer than this many times the last one's duration (and at least STUCK_MIN_S)
-# means the writer is stuck (stopped, hung on a dead mount): it is killed, and training never waits.
+# A writer that shows no sign of work on the save in flight (no CPU time, no bytes through its system
+# calls, no wake-up) for this many times the last save's duration, and at least STUCK_MIN_S, is stuck
+# (stopped, hung on a dead mount): it is killed, and training never waits. A slow writer that keeps
+# working (a CPU limit, a loaded machine, a slow disk) is never killed for being slow.
 STUCK_FACTOR = 3.0
 STUCK_MIN_S = 5.0
+# How often the writer's activity is read from /proc while a save is in flight.
+ACTIVITY_SAMPLE_S = 0.2
 
 
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -84,16 +88,24 @@ class _Staging:
         if available is not None and available - grow < MEMORY_MARGIN:
             return False
         new_size = int(size * 1.1) + mmap.PAGESIZE  # room for a state that grows a little
-        os.ftruncate(self.fd, new_size)
-        # Allocate the pages and map them now, in bulk: faulting 1 GB of shared memory in page by
-        # page during the first copy took 2.9 s here, fallocate + MAP_POPULATE 1.5 s.
-        with contextlib.suppress(OSError):
-            os.posix_fallocate(self.fd, 0, new_size)
+        try:
+            os.ftruncate(self.fd, new_size)
+            # Allocate the pages and map them now, in bulk: faulting 1 GB of shared memory in page by
+            # page during the first copy took 2.9 s here, fallocate + MAP_POPULATE 1.5 s.
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(self.fd, 0, new_size)
+            # The new map is made before the old one goes: when it is refused (ENOMEM under ulimit -v),
+            # the buffer stays as it was, whole and usable by the next save that fits in it.
+            new_map = mmap.mmap(self.fd, new_size, _MAP_FLAGS, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # give back the pages fallocate took
+            raise
         if self.map is not None:
             self._unpin()
             self.bytes_view = None
             self.map.close()
-        self.map = mmap.mmap(self.fd, new_size, _MAP_FLAGS, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.map = new_map
         self.size = new_size
         return True
 
@@ -160,35 +172,78 @@ class _Writer:
         self.connection = Connection(parent.detach())
         self.in_flight: dict[str, Any] | None = None
         self.submitted_at = 0.0
+        self._active_at = 0.0  # when the writer last showed a sign of work
+        self._sampled_at = 0.0
+        self._activity: int | None = None
 
     def submit(self, job: dict[str, Any], *, tree: bytes) -> None:
         """Hand the writer a staged save. ``tree`` stays here, kept to write the save in this process
-        should the writer get stuck; the writer reads its own copy from the staging buffer."""
-        self.connection.send(job)
+        should the writer get stuck or die; the writer reads its own copy from the staging buffer."""
         self.in_flight = {**job, "tree": tree}
-        self.submitted_at = time.monotonic()
+        self.submitted_at = self._active_at = self._sampled_at = time.monotonic()
+        self._activity = self.activity()
+        try:
+            self.connection.send(job)
+        except OSError as exc:  # it died after it was last seen alive (EPIPE, ECONNRESET)
+            raise WriterStuck(self.in_flight, died=True) from exc
 
     def in_flight_for(self) -> float:
         return time.monotonic() - self.submitted_at if self.in_flight is not None else 0.0
 
-    def wait(self, timeout_s: float | None = None) -> Path | None:
-        """The path of the save in flight once it is on disk; raises WriterStuck when no answer came
-        within ``timeout_s``."""
+    def activity(self) -> int | None:
+        """A count that grows whenever the writer does anything: CPU time, bytes through its system
+        calls, wake-ups (each page an fsync waits for is one). None where /proc cannot tell."""
+        pid = self.process.pid
+        total, known = 0, False
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            known = True
+        for name, keys in (("status", ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")),
+                           ("io", ("rchar", "wchar"))):  # fmt: skip
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in keys:
+                        total += int(value)
+                        known = True
+        return total if known else None
+
+    def idle_for(self) -> float:
+        """How long the save in flight has gone without a sign of work from the writer (since it was
+        submitted, where /proc cannot tell); 0 when none is in flight."""
         if self.in_flight is None:
+            return 0.0
+        now = time.monotonic()
+        if now - self._sampled_at >= ACTIVITY_SAMPLE_S:
+            self._sampled_at = now
+            activity = self.activity()
+            if activity is not None and activity != self._activity:
+                self._activity, self._active_at = activity, now
+        return now - self._active_at
+
+    def wait(self, patience_s: float | None = None) -> Path | None:
+        """The path of the save in flight once it is on disk; raises WriterStuck when the writer
+        showed no sign of work for ``patience_s``, or died before it answered (the save is still
+        staged). A writer that keeps working is waited for, however slow."""
+        job = self.in_flight
+        if job is None:
             return None
         try:
-            if timeout_s is not None and not self.connection.poll(max(0.0, timeout_s)):
-                raise WriterStuck(self.in_flight)
-            job, self.in_flight = self.in_flight, None
+            if patience_s is not None:
+                while not self.connection.poll(max(0.0, min(2 * ACTIVITY_SAMPLE_S, patience_s - self.idle_for()))):
+                    if self.idle_for() >= patience_s:
+                        raise WriterStuck(job)
             reply = self.connection.recv()
         except (EOFError, OSError) as exc:
-            job, self.in_flight = self.in_flight or {"step": "?"}, None
-            raise CheckpointError(
-                f"the checkpoint writer process died while saving step {job['step']}; the previous checkpoints are kept"
-            ) from exc
+            raise WriterStuck(job, died=True) from exc
+        self.in_flight = None
         if not reply["ok"]:
             raise CheckpointError(reply["error"])
+        self.last_save_s = float(reply.get("seconds", time.monotonic() - self.submitted_at))
         return Path(reply["path"])
+
+    last_save_s = 0.0  # how long the writer took over its last save, by its own clock
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -205,24 +260,30 @@ class _Writer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float) -> bool:
+        """Stop the writer once it is done pruning; killed when it does not exit within ``timeout_s``
+        (SIGSTOPped, hung on a dead mount): whether it had to be."""
         # Said, not implied by closing the socket: processes forked from the trainer (DataLoader
         # workers) hold copies of it, so the writer would wait for an EOF that never comes.
         with contextlib.suppress(OSError, ValueError):
             self.connection.send({"exit": True})
         self.connection.close()
         try:
-            self.process.wait(timeout=60)
+            self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.kill()
+            return True
+        return False
 
 
 class WriterStuck(Exception):
-    """The writer process did not finish a save in time; ``job`` is the save it was given."""
+    """The writer process did not finish a save in time, or ``died`` before it did; ``job`` is the
+    save it was given, still whole in the staging buffer."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, job: dict[str, Any], *, died: bool = False) -> None:
         super().__init__(f"step {job['step']}")
         self.job = job
+        self.died = died
 
 
 def _tree_offset(data_size: int) -> int:
@@ -364,12 +425,17 @@ class Checkpointer:
         if not self._due(step):
             return False
         if self._writer is not None and not self._writer.done():
-            if self._writer.in_flight_for() < self._stuck_after():
+            if self._writer.idle_for() < self._stuck_after():
                 return False  # the previous save is still being written: try again at a later step
             self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
 
     def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
+        try:
+            self.wait()  # the save in flight: its failure is its own, and must not cost this one too
+        except CheckpointError as exc:
+            self.last_error = exc
+            log.error("checkpoint not saved: %s", exc)
         try:
             self.save(state() if callable(state) else state, step, blocking=blocking)
         except CheckpointError as exc:
@@ -380,8 +446,14 @@ class Checkpointer:
 
     def _due(self, step: int) -> bool:
         if self.every_steps is not None:
-            since = step - self._last_saved_step if self._last_saved_step is not None else step + 1
-            if since >= self.every_steps:
+            last = self._last_saved_step if self._last_saved_step is not None else -1
+            if self.sharded:
+                # Every rank must save the same steps for a step to complete: periods are counted
+                # from step 0, not from this rank's last save, so a save that came late on one rank
+                # (its writer was still busy) costs that period alone, never every later one.
+                if (step + 1) // self.every_steps > (last + 1) // self.every_steps:
+                    return True
+            elif step - last >= self.every_steps:
                 return True
         return self.every_s is not None and self._clock() - self._last_save_time >= self.every_s
 
@@ -401,8 +473,14 @@ class Checkpointer:
         blocking = (not self.asynchronous) if blocking is None else blocking
         staged = self._stage(tensors, specs, data_size, tree if not blocking else b"")
         if staged and not blocking:
-            self._submit(step, tree, data_size)
-            return
+            try:
+                self._submit(step, tree, data_size)
+                return
+            except WriterStuck:  # the writer died since it was last seen alive: the save is written here
+                self._take_over(died=True)
+                return
+            except OSError as exc:  # no writer process could be started (fork refused)
+                log.warning("cannot start the checkpoint writer (%s): saving synchronously", exc)
         data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else _direct_chunks(tensors, specs)
         self.last_saved = self._write(step, tree, data, None)
 
@@ -460,6 +538,8 @@ class Checkpointer:
 
     def _submit(self, step: int, tree: bytes, data_size: int) -> None:
         if self._writer is None or not self._writer.alive():
+            if self._writer is not None:
+                self._writer.kill()  # died while idle: reaped, its socket closed
             self._writer = _Writer(self._staging.fd)
         self._writer.submit(
             {
@@ -485,36 +565,58 @@ class Checkpointer:
     def _stuck_after(self) -> float:
         return max(STUCK_MIN_S, STUCK_FACTOR * self._expected_save_s)
 
-    def _abandon_stuck_writer(self) -> dict[str, Any] | None:
-        """Kill a writer that stopped answering (SIGSTOPped, hung on a dead mount); a fresh one is
-        started by the next save. Returns the save it never finished."""
+    def _abandon_stuck_writer(self, *, died: bool = False) -> dict[str, Any] | None:
+        """Kill a writer that stopped answering (SIGSTOPped, hung on a dead mount), or reap one that
+        died; a fresh one is started by the next save. Returns the save it never finished."""
         writer, self._writer = self._writer, None
         if writer is None:
             return None
         job = writer.in_flight
-        log.warning("the checkpoint writer did not finish step %s in %.0f s: killed; a new one takes over",
-                    job["step"] if job else "?", writer.in_flight_for())  # fmt: skip
+        step = job["step"] if job else "?"
+        if died:
+            log.warning("the checkpoint writer process died while saving step %s; a new one takes over", step)
+        else:
+            log.warning("the checkpoint writer did not finish step %s in %.0f s, nor show any sign of work for "
+                        "%.0f s: killed; a new one takes over",
+                        step, writer.in_flight_for(), writer.idle_for())  # fmt: skip
         writer.kill()
-        # the half-written folder of the save it never finished
-        clean_stale_shards(self.directory, self.rank) if self.sharded else clean_stale(self.directory)
+        self._clean_after_writer()
         return job
+
+    def _clean_after_writer(self) -> None:
+        """Remove what a killed writer left half-written (its temporary folder, a folder renamed
+        before its manifest was written), so that nothing of it outlives the save it abandoned."""
+        if self.sharded:
+            clean_stale_shards(self.directory, self.rank, dead_attempt=False)
+        else:
+            clean_stale(self.directory)
+
+    def _take_over(self, *, died: bool) -> Path | None:
+        """Write here, from the staging buffer, the save a stuck or dead writer held."""
+        job = self._abandon_stuck_writer(died=died)
+        if job is None:
+            return None
+        started = time.monotonic()
+        path = self._write_staged(job)  # reported by the write itself
+        self._expected_save_s = time.monotonic() - started
+        self.last_saved = path
+        return path
 
     def wait(self) -> Path | None:
         """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed.
         A writer that does not answer in time is replaced, and the save it held is written here."""
         if self._writer is None:
             return None
-        started = self._writer.submitted_at
         job = self._writer.in_flight
         try:
-            path = self._writer.wait(timeout_s=max(0.0, self._stuck_after() - self._writer.in_flight_for()))
-        except WriterStuck:
-            stuck = self._abandon_stuck_writer()
-            path = self._write_staged(stuck) if stuck else None  # reported by the write itself
-            job = None
+            path = self._writer.wait(patience_s=self._stuck_after())
+        except WriterStuck as exc:
+            return self._take_over(died=exc.died)
         if path is not None:
             self.last_saved = path
-            self._expected_save_s = time.monotonic() - started
+            # The writer's own time for the save: the time since it was submitted also counts how
+            # long nobody asked (a whole save period), and SIGTERM's save would wait 3 times that.
+            self._expected_save_s = self._writer.last_save_s
             if job is not None:
                 progress.report_saved(job["step"], str(path), job["time"])
         return path
@@ -600,7 +702,12 @@ class Checkpointer:
             self.wait()
         finally:
             if self._writer is not None:
-                self._writer.close()
+                # Nothing is in flight now: the writer is at most pruning. A stopped one is not
+                # waited for (a minute, past a scheduler's grace period): it is killed.
+                patience = self._stuck_after()
+                if self._writer.close(timeout_s=patience):
+                    log.warning("the checkpoint writer did not exit in %.0f s: killed", patience)
+                    self._clean_after_writer()
                 self._writer = None
             if self._staging is not None:
                 self._staging.close()
