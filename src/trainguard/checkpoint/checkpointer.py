@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -286,6 +287,15 @@ class WriterStuck(Exception):
         self.died = died
 
 
+@contextlib.contextmanager
+def _quiet_torch_storage() -> Iterator[None]:
+    """torch's own pickling of sparse and quantized tensors warns that TypedStorage is deprecated: its
+    business, not the user's, and it would be printed at every save and load."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+        yield
+
+
 def _tree_offset(data_size: int) -> int:
     """Where the pickled tree starts in the staging buffer: after the tensors, page-aligned."""
     return (data_size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -465,7 +475,8 @@ class Checkpointer:
         self.wait()
         skeleton, tensors = _tree.flatten(state)
         specs, data_size = _tree.layout(tensors)
-        tree = pickle.dumps({"skeleton": skeleton, "specs": specs}, protocol=pickle.HIGHEST_PROTOCOL)
+        with _quiet_torch_storage():
+            tree = pickle.dumps({"skeleton": skeleton, "specs": specs}, protocol=pickle.HIGHEST_PROTOCOL)
         self._check_room_on_disk(step, max(self._last_size, data_size + len(tree)))
         self._last_save_time = self._clock()
         self._last_saved_step = step
@@ -676,7 +687,8 @@ class Checkpointer:
     def _load(path: Path, map_location: str | None) -> Any:
         manifest = read_manifest(path)
         try:
-            tree = pickle.loads(read_verified(path, TREE_FILE, manifest))
+            with _quiet_torch_storage():
+                tree = pickle.loads(read_verified(path, TREE_FILE, manifest))
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
             raise DamagedCheckpoint(f"{path.name}/{TREE_FILE}: {exc}") from exc
         specs: list[_tree.TensorSpec] = tree["specs"]
