@@ -102,7 +102,7 @@ def _writer_of(pid: int) -> int:
     return wait_for(find, what="the checkpoint writer process")
 
 
-@pytest.mark.parametrize("moment", ["idle", "any"])
+@pytest.mark.parametrize("moment", ["idle", pytest.param("any", marks=pytest.mark.slow)])
 def test_a_stopped_writer_does_not_freeze_training_and_saves_go_on(tmp_path: Path, moment: str) -> None:
     """``idle``: the writer is stopped between two saves, waiting for the next one (a save of a
     megabyte of non-tensor state then must not block on the writer's socket); ``any``: at whatever
@@ -274,6 +274,7 @@ PERIODIC_TRAINER = """
 """
 
 
+@pytest.mark.slow  # seconds of waiting on a stopped or throttled writer: the slower tier
 def test_sigterm_waits_for_a_stopped_writer_no_longer_than_stuck_min_s(tmp_path: Path) -> None:
     """How long a save may be in flight was sized by the time from one save to the wait of the next
     (the whole save period), not by the save: with a save every 3 s, SIGTERM's save waited 9 s for a
@@ -303,6 +304,7 @@ def test_sigterm_waits_for_a_stopped_writer_no_longer_than_stuck_min_s(tmp_path:
     assert _saved_steps(folder) == [119, int(stops[0].split()[1])]
 
 
+@pytest.mark.slow  # seconds of waiting on a stopped or throttled writer: the slower tier
 def test_close_does_not_wait_a_minute_for_a_stopped_writer(tmp_path: Path) -> None:
     """close() (at exit, after SIGTERM's save) waited 60 s for a SIGSTOPped writer with nothing to
     write: past Kubernetes' 30 s grace period, and the job ended by SIGKILL."""
@@ -324,6 +326,7 @@ def test_close_does_not_wait_a_minute_for_a_stopped_writer(tmp_path: Path) -> No
     assert _saved_steps(folder) == [0] and not list(folder.glob(".tmp-*"))
 
 
+@pytest.mark.slow  # seconds of waiting on a stopped or throttled writer: the slower tier
 def test_a_rank_that_replaces_its_stuck_writer_keeps_its_shards_of_incomplete_steps(tmp_path: Path) -> None:
     """The clean-up after killing a stuck writer was the one for a rank that starts again: it removed
     this rank's own whole shards of steps the other ranks had not finished yet, so those steps never
@@ -489,6 +492,7 @@ def _writers_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # seconds of waiting on a stopped or throttled writer: the slower tier
 def test_a_slow_writer_that_keeps_working_is_never_killed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A writer was declared stuck after STUCK_MIN_S in flight, however busy it was: on a loaded
     machine (a CPU limit, cpulimit, every core taken by the job) a save longer than that was killed,
