@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,11 @@ import pytest
 
 from tests.launchers.jobs import TRAIN
 from tests.real import faults
-from tests.real.runs import script, wait_for
+from tests.real.runs import free_port, script, wait_for
 from trainguard.supervisor.launchers import worker_identity
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 torch = pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Node:

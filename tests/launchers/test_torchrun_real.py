@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -18,16 +17,10 @@ import pytest
 
 from tests.launchers.jobs import TRAIN
 from tests.real import faults
-from tests.real.runs import script, tg
+from tests.real.runs import free_port, script, tg
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 torch = pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun(tmp_path: Path, *run_args: str, fault: str, **env: str):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -14,6 +13,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.real.runs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "monitoring" / "trainguard-rules.yml"
@@ -25,12 +26,6 @@ INSTALL_HINT = "apt-get install prometheus (Debian/Ubuntu), or put prometheus an
 
 def why_no(binary: str) -> str | None:
     return None if shutil.which(binary) else f"{binary} is not installed ({INSTALL_HINT})"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PrometheusError(AssertionError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real.runs import free_port
 from trainguard.store.registry import Registry
 
 pytestmark = pytest.mark.real
@@ -49,12 +49,6 @@ class Hook:
 
     def close(self) -> None:
         self.server.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_death_is_posted_to_the_webhook_and_secrets_stay_hidden(tmp_path: Path, home: Path) -> None:

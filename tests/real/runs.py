@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -56,3 +57,10 @@ def kill_group(pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel picks it), for a server or rendezvous a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.real.runs import free_port as _free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 START_TIMEOUT_S = 30.0
 
@@ -39,12 +41,6 @@ def why_not_available() -> str | None:
     except KeyError:
         return "there is no munge user (apt-get install munge creates it)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class LocalSlurm:
