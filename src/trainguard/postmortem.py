@@ -21,6 +21,7 @@ from trainguard.diagnosis.evidence import (
     observations_from_exit,
     observations_from_kernel,
     observations_from_log,
+    observations_of_a_silent_end,
     pids_in,
 )
 from trainguard.diagnosis.scan import Scanner
@@ -60,13 +61,17 @@ def investigate(
     table: SignatureTable | None = None,
     kernel_readable: bool = False,
     launch: launch_facts.LaunchFacts | None = None,
+    logs_are_all: bool = False,
 ) -> Report:
     """``kernel_readable``: the kernel log of the time of death was read (it is in
     ``kernel_lines``, whatever it holds). A SIGKILL with no OOM kill of the job in a readable kernel
     log was sent by someone: ``killed``, not ``host_oom``.
 
     ``launch``: the job ran under a launcher (torchrun, DeepSpeed, Accelerate), so its ranks are
-    judged one by one and the cause is that of the rank that failed first (see ``judge_ranks``)."""
+    judged one by one and the cause is that of the rank that failed first (see ``judge_ranks``).
+
+    ``logs_are_all``: nobody saw the job end (a log file handed to ``diagnose``; it may even still
+    run): a log that reports no failure at all is read as such (stuck, or stopped without a word)."""
     scanner = scanner or default_scanner()
     table = table or default_table()
     observations: list[Observation] = list(extra)
@@ -88,6 +93,8 @@ def investigate(
     )
     if kernel_readable:
         observations = sigkill_without_oom_is_killed(observations)
+    if logs_are_all and exit_status is None:
+        observations += observations_of_a_silent_end(observations, table.silent_end)
     names = [log.name for log in logs]
     if launch is not None:
         diagnosis, first = judge_ranks(observations, launch, names)

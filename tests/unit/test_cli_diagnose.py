@@ -207,3 +207,23 @@ def test_a_large_log_file_gets_the_same_diagnosis_as_the_same_log_on_stdin(tmp_p
     assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
     lines = [e["line"] for e in json.loads(from_file.stdout)["evidence"] if "CUDA out of memory" in e["text"]]
     assert lines[-1] == log.read_bytes().count(b"\n") - 1
+
+
+def test_a_log_that_ends_with_no_error_says_what_its_silence_means(tmp_path: Path) -> None:
+    silent = tmp_path / "train.log"
+    silent.write_text("".join(f"epoch 1 step {n} loss 0.{n}\n" for n in range(1, 50)))
+    found = json.loads(run(str(silent), "--json").stdout)
+    # No verdict: of the corpus logs with no error line, fewer than a third were hangs.
+    assert (found["cause"], found["confidence"]) == ("unknown", 0.0)
+    assert [a["cause"] for a in found["alternatives"]][:2] == ["hang", "host_oom"]
+    assert "py-spy dump" in found["evidence"][0]["note"] and found["evidence"][0]["line"] is None
+    assert "py-spy dump" in run(str(silent), "--lang", "zh").stdout.decode()  # the command, inside Chinese text
+    assert "日志结束时没有任何报错行" in run(str(silent), "--lang", "zh").stdout.decode()
+
+    # The job's end was seen (its exit status), or a line names a failure: the silence says nothing.
+    ended = json.loads(run(str(silent), "--json", "--exit-code", "137").stdout)
+    assert ended["cause"] == "host_oom" and all(e["source"] != "log" for e in ended["evidence"])
+    with silent.open("a") as log:
+        log.write("Traceback (most recent call last):\nKeyError: 'labels'\n")
+    failed = json.loads(run(str(silent), "--json").stdout)
+    assert failed["cause"] == "python_error" and "hang" not in [a["cause"] for a in failed["alternatives"]]

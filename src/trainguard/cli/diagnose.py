@@ -133,7 +133,7 @@ def diagnose(
         kernel_lines, kernel_readable = _kernel_lines(kernel_spec, mtimes, now, warnings)
         try:
             report = investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines,
-                                 kernel_readable=kernel_readable)  # fmt: skip
+                                 kernel_readable=kernel_readable, logs_are_all=True)  # fmt: skip
         except OSError as exc:
             raise InputError(f"cannot read the log: {exc.strerror}", f"无法读取日志：{exc.strerror}") from exc
     for warning in warnings:

@@ -7,7 +7,7 @@ import json
 from trainguard import causes
 from trainguard.cli import output
 from trainguard.diagnosis.classify import Diagnosis
-from trainguard.diagnosis.evidence import Observation
+from trainguard.diagnosis.evidence import SILENT_END, Observation
 from trainguard.postmortem import Report, diagnosis_dict
 
 _LABELS = {
@@ -85,7 +85,8 @@ def print_diagnosis(report: Report, lang: str) -> None:
         table.add_column(style="cyan", no_wrap=True)
         table.add_column(overflow="fold")
         for obs in diagnosis.evidence:
-            if obs.source == "exit" and obs.note:  # trainguard's own words: in the reader's language
+            if obs.note and (obs.source == "exit" or obs.rule == SILENT_END):
+                # trainguard's own words, not a line of the log: in the reader's language
                 table.add_row(_where(obs, lang), escape(obs.note.pick(lang)))
                 continue
             shown = obs.text if len(obs.text) <= _SHOWN_TEXT else obs.text[:_SHOWN_TEXT] + "…"

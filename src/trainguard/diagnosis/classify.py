@@ -11,6 +11,8 @@ How it weighs:
    confidence = 1 - prod(1 - w) over its distinct rules (a rule repeated a thousand times is one witness;
    the lines that only report a SIGKILL are one witness together).
 4. The most confident cause wins; on a tie the earliest evidence wins (the first failure is the root).
+   Below MIN_CONFIDENCE nothing decides: the cause is unknown, the readings are alternatives, and
+   the evidence shown is the leading alternative's.
 """
 
 from __future__ import annotations
@@ -114,10 +116,12 @@ def classify(observations: Sequence[Observation]) -> Diagnosis:
         cause, confidence = ranked[0], scores[ranked[0]]
         others = ranked[1:]
     alternatives = tuple((c, round(scores[c], 3)) for c in others if scores[c] >= MIN_ALTERNATIVE)[:MAX_ALTERNATIVES]
+    # Nothing decides: the lines of the leading alternative are still what a person should read.
+    shown = cause if cause != UNKNOWN else (alternatives[0][0] if alternatives else UNKNOWN)
     return Diagnosis(
         cause=cause,
         confidence=round(confidence, 3),
-        evidence=_pick_evidence([(o, w) for o, w in weighted if o.cause == cause]),
+        evidence=_pick_evidence([(o, w) for o, w in weighted if o.cause == shown]),
         alternatives=alternatives,
     )
 

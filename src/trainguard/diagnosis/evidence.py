@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from trainguard._i18n import Text
 from trainguard.diagnosis.scan import LineMatch, clean_text
-from trainguard.diagnosis.signatures import XID_CAUSE, ExitRule, Role, Signature, lookup_xid
+from trainguard.diagnosis.signatures import XID_CAUSE, ExitRule, Role, Signature, SilentEnd, lookup_xid
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,23 @@ def observations_from_log(
                 )
             )
     return found
+
+
+SILENT_END = "silent_end"  # the rule of the observations that read a log's silence
+
+
+def observations_of_a_silent_end(observations: Iterable[Observation], silent_end: SilentEnd | None) -> list[Observation]:
+    """A log in which no line reports a failure, when the log is all there is (no exit status): the
+    silence is itself evidence, weak and several ways (a stuck job, or one stopped by something
+    that writes nothing into its log). Telemetry-like support lines do not break the silence."""
+    if silent_end is None or any(o.weight > 0 and o.role is not Role.SUPPORT for o in observations):
+        return []
+    said = Text(f"{silent_end.text.en}. {silent_end.note.en}", f"{silent_end.text.zh}。{silent_end.note.zh}")
+    return [
+        Observation(source="log", cause=cause, weight=weight, role=Role.ROOT, rule=SILENT_END,
+                    text=silent_end.text.en, note=said, order=(1 << 29, 0))  # fmt: skip
+        for cause, weight in silent_end.readings
+    ]
 
 
 def _within(match: LineMatch, context: LineMatch) -> bool:

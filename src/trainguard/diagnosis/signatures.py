@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 
+from trainguard._i18n import Text
 from trainguard._resources import load_json, load_toml
 from trainguard.causes import CAUSE_IDS
 from trainguard.errors import DataError
@@ -68,9 +69,20 @@ class XidInfo:
 
 
 @dataclass(frozen=True)
+class SilentEnd:
+    """How to read a log that reports no failure at all, when the log is all there is."""
+
+    readings: tuple[tuple[str, float], ...]
+    text: Text
+    note: Text
+    source: str
+
+
+@dataclass(frozen=True)
 class SignatureTable:
     signatures: tuple[Signature, ...]
     exit_rules: tuple[ExitRule, ...]
+    silent_end: SilentEnd | None = None
 
     def by_id(self, signature_id: str) -> Signature:
         for sig in self.signatures:
@@ -169,7 +181,21 @@ def parse_table(raw: dict) -> SignatureTable:
                 sigkill=bool(row.get("sigkill", False)),
             )
         )
-    return SignatureTable(tuple(signatures), tuple(exit_rules))
+    return SignatureTable(tuple(signatures), tuple(exit_rules), _parse_silent_end(raw.get("silent_end")))
+
+
+def _parse_silent_end(row: dict | None) -> SilentEnd | None:
+    if row is None:
+        return None
+    readings = tuple((cause, float(weight)) for cause, weight in row["readings"])
+    if unknown := {cause for cause, _ in readings} - set(CAUSE_IDS):
+        raise DataError(f"signatures.toml: [silent_end] names unknown causes {sorted(unknown)}")
+    return SilentEnd(
+        readings=readings,
+        text=Text(row["text"]["en"], row["text"]["zh"]),
+        note=Text(row["note"]["en"], row["note"]["zh"]),
+        source=row["source"],
+    )
 
 
 @cache
