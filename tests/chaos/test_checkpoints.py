@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real import faults
 from tests.real.runs import script, wait_for
 from trainguard import Checkpointer
 
@@ -543,3 +544,36 @@ def test_a_slow_writer_that_keeps_working_is_never_killed(tmp_path: Path, caplog
     assert 0 in _saved_steps(folder), "the slow save never reached the disk"
     first = _load_each(folder)[0]
     assert first["step"] == 0 and torch.equal(first["w"], weights)
+
+
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
+def test_a_disk_sized_for_keep_checkpoints_goes_on_saving(tmp_path: Path, asynchronous: bool) -> None:
+    """A disk with room for `keep` checkpoints and not one more: each save replaces the oldest (it goes
+    anyway) instead of being refused forever, and the newest one is never touched."""
+    if reason := faults.why_no_root():
+        pytest.skip(f"a small tmpfs: {reason}")
+    weights = 3 * 1024 * 1024
+    with faults.small_tmpfs(tmp_path / "disk", "8m") as disk:
+        ckpt = Checkpointer(disk / "ckpt", every=None, every_steps=1, keep=2, asynchronous=asynchronous)
+        for step in range(6):
+            assert ckpt.maybe_save(step, {"step": step, "weights": bytes([step]) * weights}), ckpt.last_error
+            ckpt.wait()
+        ckpt.close()
+        assert ckpt.last_error is None
+        assert sorted(p.name for p in (disk / "ckpt").iterdir() if not p.name.startswith(".")) == [
+            "step-000000000004", "step-000000000005"]
+        state = Checkpointer(disk / "ckpt", keep=2).load_latest()
+        assert state["step"] == 5 and state["weights"] == bytes([5]) * weights
+
+        # keep=1: its only checkpoint is never removed before its successor is whole, so a disk too
+        # small for two refuses the save in one clear error, and the last checkpoint still loads.
+        shutil.rmtree(disk / "ckpt")
+        single = Checkpointer(disk / "one", every=None, every_steps=1, keep=1, asynchronous=asynchronous)
+        assert single.maybe_save(0, {"step": 0, "weights": bytes(weights)})
+        single.wait()
+        filler = disk / "filler"
+        filler.write_bytes(bytes(shutil.disk_usage(disk).free - 2 * 1024 * 1024))
+        assert not single.maybe_save(1, {"step": 1, "weights": bytes(weights)})
+        assert "not saving step 1" in str(single.last_error)
+        single.close()
+        assert Checkpointer(disk / "one", keep=1).load_latest()["step"] == 0

@@ -486,6 +486,21 @@ def move_aside(path: Path, now: float | None = None) -> Path | None:
     return target
 
 
+def replaced_by_next_save(directory: Path, keep: int) -> list[Path]:
+    """The complete checkpoints the next save pushes out of the ``keep`` newest, oldest first; never
+    the newest one (with ``keep=1`` nothing: the only checkpoint stays until its successor is whole)."""
+    return complete_checkpoints(directory)[max(keep - 1, 1) :][::-1]
+
+
+def folder_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
 def prune(directory: Path, keep: int, protect: Path | None = None) -> None:
     """Keep the ``keep`` newest VALID checkpoints; called only after a new one is complete.
 

@@ -33,6 +33,7 @@ from trainguard.checkpoint._format import (
     DamagedCheckpoint,
     clean_stale,
     clean_stale_shards,
+    folder_bytes,
     complete_checkpoints,
     complete_jobs,
     invalidate_job,
@@ -42,6 +43,7 @@ from trainguard.checkpoint._format import (
     read_into,
     read_manifest,
     read_verified,
+    replaced_by_next_save,
     shard_name,
     step_of,
     write_checkpoint,
@@ -508,15 +510,31 @@ class Checkpointer:
         return path
 
     def _check_room_on_disk(self, step: int, needed: int) -> None:
+        """Refuse a save the disk cannot hold (the last checkpoint stays whole). On a disk sized for
+        ``keep`` checkpoints, the one this save will replace is removed first: it goes anyway, and
+        the newest one always stays."""
         try:
             free = shutil.disk_usage(self.directory).free
         except OSError:
             return
-        if free < needed + DISK_MARGIN:
-            raise CheckpointError(
-                f"not saving step {step}: {self.directory} has {free / 1e6:.1f} MB free and a checkpoint "
-                f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
-            )
+        if free >= needed + DISK_MARGIN:
+            return
+        if not self.sharded:  # a rank alone must not remove a step the others still count on
+            replaced = replaced_by_next_save(self.directory, self.keep)
+            if replaced and free + sum(folder_bytes(p) for p in replaced) >= needed + DISK_MARGIN:
+                log.warning(
+                    "%s: %.1f MB free, a checkpoint takes %.1f MB: removing %s before saving step %d (keep=%d)",
+                    self.directory, free / 1e6, needed / 1e6, ", ".join(p.name for p in replaced), step, self.keep,
+                )  # fmt: skip
+                prune(self.directory, max(self.keep - 1, 1))
+                with contextlib.suppress(OSError):
+                    free = shutil.disk_usage(self.directory).free
+                if free >= needed + DISK_MARGIN:
+                    return
+        raise CheckpointError(
+            f"not saving step {step}: {self.directory} has {free / 1e6:.1f} MB free and a checkpoint "
+            f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
+        )
 
     def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int, tree: bytes) -> bool:
         """Copy the tensors, and the pickled rest of the state after them, into the shared buffer.
