@@ -561,7 +561,9 @@ def test_a_disk_sized_for_keep_checkpoints_goes_on_saving(tmp_path: Path, asynch
         ckpt.close()
         assert ckpt.last_error is None
         assert sorted(p.name for p in (disk / "ckpt").iterdir() if not p.name.startswith(".")) == [
-            "step-000000000004", "step-000000000005"]
+            "step-000000000004",
+            "step-000000000005",
+        ]
         state = Checkpointer(disk / "ckpt", keep=2).load_latest()
         assert state["step"] == 5 and state["weights"] == bytes([5]) * weights
 

@@ -33,9 +33,9 @@ from trainguard.checkpoint._format import (
     DamagedCheckpoint,
     clean_stale,
     clean_stale_shards,
-    folder_bytes,
     complete_checkpoints,
     complete_jobs,
+    folder_bytes,
     invalidate_job,
     move_aside,
     prune,
@@ -50,6 +50,7 @@ from trainguard.checkpoint._format import (
     write_shard,
     writing_lock,
 )
+from trainguard.checkpoint.agreement import RankAgreement
 from trainguard.checkpoint.stopsignal import StopSignal
 from trainguard.probes.memory import available_bytes
 from trainguard.units import parse_duration
@@ -382,6 +383,8 @@ class Checkpointer:
         self._staging: _Staging | None = None
         self._writer: _Writer | None = None
         self._expected_save_s = 0.0  # how long the last asynchronous save took
+        self._agreement: RankAgreement | None = None
+        self._warned_alone = False
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -426,7 +429,7 @@ class Checkpointer:
         A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
         training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
         progress.report_step(step)
-        signum = self._stop.received
+        signum, time_due = self._agreed(self._stop.received, self._time_due())
         if signum is not None and not self._stop_requested:
             self._stop_requested = True
             saved = self._save_logged(state, step, blocking=True)
@@ -434,13 +437,36 @@ class Checkpointer:
                         signum, "saved" if saved else "could not save", step)  # fmt: skip
             progress.report_stop(signum, step)
             return saved
-        if not self._due(step):
+        if not (self._steps_due(step) or time_due):
             return False
+        if self._writer_busy():
+            return False  # the previous save is still being written: try again at a later step
         if self._writer is not None and not self._writer.done():
-            if self._writer.idle_for() < self._stuck_after():
-                return False  # the previous save is still being written: try again at a later step
             self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
+
+    def _writer_busy(self) -> bool:
+        """Whether the previous save is still being written by a writer that is not stuck."""
+        return self._writer is not None and not self._writer.done() and self._writer.idle_for() < self._stuck_after()
+
+    def _agreed(self, signum: int | None, time_due: bool) -> tuple[int | None, bool]:
+        """In a job of several ranks, a signal one rank received and a period one rank's clock says
+        has passed are taken at the same step on every rank (torch.distributed: one tiny all-reduce
+        about once a second); a save one rank is still writing postpones the job's save by time."""
+        if not self.sharded:
+            return signum, time_due
+        if self._agreement is None:
+            self._agreement = RankAgreement(self._clock)
+        agreed = self._agreement.decide(signum or 0, time_due, self._writer_busy())
+        if agreed is None:
+            if time_due and not self._warned_alone:
+                self._warned_alone = True
+                log.warning("rank %d of %d decides its saves by time alone (torch.distributed is not running): "
+                            "other ranks may save other steps; every_steps saves the same steps on every rank",
+                            self.rank, self.world_size)  # fmt: skip
+            return signum, time_due
+        agreed_signal, any_due, any_busy = agreed
+        return (agreed_signal or None), any_due and not any_busy
 
     def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
         try:
@@ -456,17 +482,18 @@ class Checkpointer:
             return False
         return True
 
-    def _due(self, step: int) -> bool:
-        if self.every_steps is not None:
-            last = self._last_saved_step if self._last_saved_step is not None else -1
-            if self.sharded:
-                # Every rank must save the same steps for a step to complete: periods are counted
-                # from step 0, not from this rank's last save, so a save that came late on one rank
-                # (its writer was still busy) costs that period alone, never every later one.
-                if (step + 1) // self.every_steps > (last + 1) // self.every_steps:
-                    return True
-            elif step - last >= self.every_steps:
-                return True
+    def _steps_due(self, step: int) -> bool:
+        if self.every_steps is None:
+            return False
+        last = self._last_saved_step if self._last_saved_step is not None else -1
+        if self.sharded:
+            # Every rank must save the same steps for a step to complete: periods are counted
+            # from step 0, not from this rank's last save, so a save that came late on one rank
+            # (its writer was still busy) costs that period alone, never every later one.
+            return (step + 1) // self.every_steps > (last + 1) // self.every_steps
+        return step - last >= self.every_steps
+
+    def _time_due(self) -> bool:
         return self.every_s is not None and self._clock() - self._last_save_time >= self.every_s
 
     def save(self, state: Any, step: int, *, blocking: bool | None = None) -> None:

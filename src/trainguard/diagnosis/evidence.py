@@ -163,7 +163,9 @@ def observations_from_log(
 SILENT_END = "silent_end"  # the rule of the observations that read a log's silence
 
 
-def observations_of_a_silent_end(observations: Iterable[Observation], silent_end: SilentEnd | None) -> list[Observation]:
+def observations_of_a_silent_end(
+    observations: Iterable[Observation], silent_end: SilentEnd | None
+) -> list[Observation]:
     """A log in which no line reports a failure, when the log is all there is (no exit status): the
     silence is itself evidence, weak and several ways (a stuck job, or one stopped by something
     that writes nothing into its log). Telemetry-like support lines do not break the silence."""
@@ -171,8 +173,16 @@ def observations_of_a_silent_end(observations: Iterable[Observation], silent_end
         return []
     said = Text(f"{silent_end.text.en}. {silent_end.note.en}", f"{silent_end.text.zh}。{silent_end.note.zh}")
     return [
-        Observation(source="log", cause=cause, weight=weight, role=Role.ROOT, rule=SILENT_END,
-                    text=silent_end.text.en, note=said, order=(1 << 29, 0))  # fmt: skip
+        Observation(
+            source="log",
+            cause=cause,
+            weight=weight,
+            role=Role.ROOT,
+            rule=SILENT_END,
+            text=silent_end.text.en,
+            note=said,
+            order=(1 << 29, 0),
+        )
         for cause, weight in silent_end.readings
     ]
 
