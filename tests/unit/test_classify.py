@@ -285,3 +285,14 @@ def test_the_first_failing_rank_is_named_from_the_logs_timestamps() -> None:
     report = investigate([LogSource("rank0.log", [rank0.encode()]), LogSource("rank1.log", [rank1.encode()])])
     assert report.diagnosis.cause == "cuda_oom"
     assert report.first_failure["rank"] == 1 and report.first_failure["file"] == "rank1.log"
+
+
+def test_a_specific_row_reads_its_line_even_where_a_heavier_generic_row_matches_it() -> None:
+    # "NCCL error" alone would say nccl_failure at 0.85; "unhandled system error" is a failed system
+    # call that was as often /dev/shm in a container as the network: read both ways, at neither 0.85.
+    line = "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8\n"
+    result = diagnose(line)
+    assert (result.cause, result.confidence) == ("nccl_failure", 0.5)
+    assert dict(result.alternatives)["shm_exhausted"] == 0.45
+    socket = "socketStartConnect: Connect to 192.168.19.14<52822> failed : No route to host\n"
+    assert diagnose(line + socket).confidence > 0.8  # the network says which

@@ -91,3 +91,13 @@ def test_unknown_cause_and_duplicate_ids_are_refused() -> None:
     row["cause"] = "cuda_oom"
     with pytest.raises(DataError, match="duplicate"):
         parse_table({"signature": [row, dict(row)]})
+
+
+def test_a_row_that_narrows_an_unknown_row_or_a_silent_end_of_an_unknown_cause_is_refused() -> None:
+    row = {"id": "x", "cause": "cuda_oom", "pattern": "a", "weight": 0.5, "role": "root", "source": "s"}
+    with pytest.raises(DataError, match="narrows unknown rows"):
+        parse_table({"signature": [{**row, "narrows": ["nosuch"]}]})
+    silent = {"readings": [["nosuch", 0.2]], "text": {"en": "e", "zh": "z"}, "note": {"en": "e", "zh": "z"},
+              "source": "s"}  # fmt: skip
+    with pytest.raises(DataError, match="unknown causes"):
+        parse_table({"signature": [row], "silent_end": silent})

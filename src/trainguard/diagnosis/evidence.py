@@ -128,8 +128,11 @@ def observations_from_log(
 ) -> list[Observation]:
     matches = list(matches)
     contexts = [m for m in matches if m.signature.rereads]
+    narrowed = {(m.line, other) for m in matches for other in m.signature.narrows}
     found = []
     for match in matches:
+        if (match.line, match.signature.id) in narrowed:
+            continue  # a more specific row reads this line
         signature = match.signature
         if signature.rereads:
             continue  # a context row names nothing by itself

@@ -43,6 +43,9 @@ class Signature:
     # SemLock is /dev/shm, not the disk).
     rereads: tuple[str, ...] = ()
     window: int = 0
+    # Rows this one is more specific than: where both match one line, this row reads it, however
+    # heavy theirs ("unhandled system error" is its own question, whatever "NCCL error" says).
+    narrows: tuple[str, ...] = ()
     sigkill: bool = False  # the line says a process was SIGKILLed: the OOM killer, or someone else
     regex: re.Pattern[bytes] = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
 
@@ -156,6 +159,7 @@ def parse_table(raw: dict) -> SignatureTable:
                 also=also,
                 rereads=rereads,
                 window=int(row.get("window", 0)),
+                narrows=tuple(row.get("narrows", ())),
                 sigkill=bool(row.get("sigkill", False)),
                 regex=regex,
             )
@@ -164,6 +168,8 @@ def parse_table(raw: dict) -> SignatureTable:
     for sig in signatures:
         if unknown := set(sig.rereads) - known:
             raise DataError(f"signature {sig.id!r}: rereads unknown rows {sorted(unknown)}")
+        if unknown := set(sig.narrows) - known:
+            raise DataError(f"signature {sig.id!r}: narrows unknown rows {sorted(unknown)}")
     exit_rules = []
     for row in raw.get("exit", []):
         if ("signal" in row) == ("code" in row):
