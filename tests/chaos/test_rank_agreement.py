@@ -26,7 +26,8 @@ from trainguard import Checkpointer
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 time.sleep(0.3 * rank)
-ckpt = Checkpointer(sys.argv[1], every="1s", keep=100)
+only_rank0 = os.environ.get("ONLY_RANK0") == "1"  # the common `if rank == 0: save` pattern
+ckpt = Checkpointer(sys.argv[1], every="1s", keep=100) if rank == 0 or not only_rank0 else None
 weights = torch.zeros(4)
 sigterm_at = int(os.environ.get("SIGTERM_AT", "-1"))
 for step in range(int(sys.argv[2])):
@@ -36,11 +37,15 @@ for step in range(int(sys.argv[2])):
     weights += grad
     if rank == 1 and step == sigterm_at:
         os.kill(os.getpid(), 15)  # a stop signal that reaches one rank only
+    if ckpt is None:
+        continue
     ckpt.maybe_save(step, lambda: {"step": step, "weights": weights.clone()})
     if ckpt.stop_requested:
         break
-ckpt.close()
-print(f"rank {rank} left at step {step} stop_requested={ckpt.stop_requested}", flush=True)
+if ckpt is not None:
+    ckpt.close()
+print(f"rank {rank} left at step {step} stop_requested={ckpt is not None and ckpt.stop_requested} "
+      f"weights={weights.tolist()}", flush=True)
 """
 
 
@@ -60,7 +65,7 @@ def shards(folder: Path) -> dict[str, list[str]]:
 
 
 def test_saves_due_by_time_are_taken_at_the_same_step_on_every_rank(tmp_path: Path) -> None:
-    done, folder = torchrun(tmp_path, 130)
+    done, folder = torchrun(tmp_path, 200)
     assert done.returncode == 0, done.stderr[-2000:]
     saved = shards(folder)
     # Before, rank 0 saved steps 22, 55, 87, ... and rank 1 steps 31, 64, 96, ...: none complete.
@@ -73,9 +78,22 @@ def test_a_signal_that_reaches_one_rank_stops_every_rank_at_the_same_step(tmp_pa
     # Before, rank 1 saved and left at once and rank 0 waited in its next all_reduce for good.
     assert done.returncode == 0, done.stderr[-2000:]
     left = sorted(line for line in done.stdout.splitlines() if " left at step " in line)
-    assert len(left) == 2 and all(line.endswith("stop_requested=True") for line in left), left
+    assert len(left) == 2 and all("stop_requested=True" in line for line in left), left
     steps = {line.split(" left at step ")[1].split()[0] for line in left}
     assert len(steps) == 1, left
     (step,) = steps
     assert 40 <= int(step) < 400
     assert shards(folder)[f"step-{int(step):012d}"] == ["job.json", "rank-00000", "rank-00001"]
+
+
+def test_a_job_where_only_rank_0_makes_a_checkpointer_trains_on_and_is_told_why_no_step_completes(
+    tmp_path: Path,
+) -> None:
+    """The agreement is never a collective: one that only rank 0 entered would pair with the training's
+    own all_reduce (a wrong sum, a hang). Here training goes on untouched, and the log says why."""
+    done, folder = torchrun(tmp_path, 200, ONLY_RANK0="1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    left = sorted(line for line in done.stdout.splitlines() if " left at step 199 " in line)
+    assert len(left) == 2 and all(line.endswith("weights=[400.0, 400.0, 400.0, 400.0]") for line in left), left
+    assert "only 1 of the job's 2 ranks made a Checkpointer" in done.stderr
+    assert not list(folder.glob("step-*/job.json"))  # rank 0's shards alone: never complete

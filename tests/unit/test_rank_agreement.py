@@ -1,8 +1,35 @@
-"""RankAgreement's schedule: the ranks all-reduce at the same calls and nowhere else."""
+"""SavePlans: ranks that each want a save (or a stop) at their own moment act at one step, planned
+through a key-value store. The store here is a dict with the same four operations; the real
+torch.distributed store is used by tests/chaos/test_rank_agreement.py."""
 
 from __future__ import annotations
 
-from trainguard.checkpoint.agreement import AGREE_EVERY_S, RankAgreement
+from trainguard.checkpoint.agreement import POLL_S, SavePlans
+
+
+class DictStore:
+    """check/get/compare_set/add with TCPStore's meaning."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.reads = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.reads += 1
+        return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        if key not in self.data and expected == "":
+            self.data[key] = desired.encode()
+        return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
 
 
 class Clock:
@@ -13,36 +40,59 @@ class Clock:
         return self.now
 
 
-def test_agreements_come_about_once_a_second_at_the_slowest_ranks_pace() -> None:
-    clock = Clock()
-    reduced: list[list[int]] = []
-    other_rank = [0, 0, 0, -4]  # the other rank is slower: it proposes 4 calls until the next agreement
-
-    def reduce(values: list[int]) -> list[int]:
-        reduced.append(values)
-        return [max(a, b) for a, b in zip(values, other_rank, strict=True)]
-
-    agreement = RankAgreement(clock, reduce)
-    assert agreement.decide(0, False, False) == (0, False, False)  # the first call agrees: nothing measured yet
-    clock.now += 0.01
-    assert agreement.decide(0, False, False) == (0, False, False)  # so does the second
-    assert len(reduced) == 2
-    # 10 ms a call here: this rank proposes AGREE_EVERY_S / 0.01 calls, the slower rank 4: 4 it is.
-    assert reduced[-1][3] == -int(AGREE_EVERY_S / 0.01)
-    for _ in range(3):
+def lockstep(ranks: list[SavePlans], clock: Clock, steps: range, wants) -> dict[int, list[tuple[int, int]]]:
+    """Every rank calls at every step (10 ms a step); ``wants(rank, step)`` -> (wanted, stop)."""
+    acted: dict[int, list[tuple[int, int]]] = {r: [] for r in range(len(ranks))}
+    for step in steps:
         clock.now += 0.01
-        assert agreement.decide(15, True, False) == (0, False, False)  # between agreements nothing is decided
-    assert len(reduced) == 2
-    clock.now += 0.01
-    assert agreement.decide(15, True, False) == (15, True, False)  # the signal and the due save, held till now
-    assert len(reduced) == 3 and reduced[-1][:3] == [15, 1, 0]
+        for rank, plans in enumerate(ranks):
+            wanted, stop = wants(rank, step)
+            if plan := plans.due(step, wanted=wanted, stop=stop):
+                acted[rank].append((step, plan.stop))
+    return acted
 
 
-def test_another_ranks_signal_or_busy_writer_reaches_every_rank() -> None:
-    agreement = RankAgreement(Clock(), lambda values: [max(values[0], 15), max(values[1], 1), 1, -1])
-    assert agreement.decide(0, False, False) == (15, True, True)
+def test_ranks_that_want_a_save_at_different_steps_save_one_step_together() -> None:
+    store, clock = DictStore(), Clock()
+    ranks = [SavePlans(store, "job", clock) for _ in range(3)]
+    # Each rank's own clock says the save is due at another step (40, 47, 55), until it has saved.
+    due_at = {0: 40, 1: 47, 2: 55}
+    saved: dict[int, bool] = {0: False, 1: False, 2: False}
+
+    acted: dict[int, list[int]] = {r: [] for r in range(3)}
+    for step in range(400):
+        clock.now += 0.01
+        for rank, plans in enumerate(ranks):
+            if plans.due(step, wanted=step >= due_at[rank] and not saved[rank]):
+                acted[rank].append(step)
+                saved[rank] = True
+    assert acted[0] == acted[1] == acted[2] and len(acted[0]) == 1, acted
+    # Far enough ahead that a rank reading the store only every POLL_S still gets there in time.
+    assert acted[0][0] - 40 >= POLL_S / 0.01
+    assert all(p.late == 0 for p in ranks)
 
 
-def test_without_torch_distributed_each_rank_decides_alone() -> None:
-    agreement = RankAgreement(Clock(), lambda values: None)
-    assert agreement.decide(15, True, False) is None
+def test_a_signal_that_reaches_one_rank_stops_every_rank_at_one_step_with_that_signal() -> None:
+    store, clock = DictStore(), Clock()
+    ranks = [SavePlans(store, "job", clock) for _ in range(2)]
+    acted = lockstep(ranks, clock, range(300), lambda rank, step: (rank == 1 and step >= 30, 15 if rank == 1 else 0))
+    first = {rank: found[0] for rank, found in acted.items()}
+    assert first[0] == first[1] and first[0][1] == 15, acted
+
+
+def test_ranks_read_the_store_about_once_per_poll_period_not_every_step() -> None:
+    store, clock = DictStore(), Clock()
+    plans = SavePlans(store, "job", clock)
+    for step in range(1000):  # 10 s at 10 ms a step, nothing wanted
+        clock.now += 0.01
+        plans.due(step, wanted=False)
+    assert store.reads <= 10 / POLL_S + 5
+
+
+def test_members_count_the_ranks_that_joined() -> None:
+    store = DictStore()
+    first, second = SavePlans(store, "job"), SavePlans(store, "job")
+    assert first.join() == 1 and first.members() == 1
+    second.join()
+    assert first.members() == 2
+    assert SavePlans(store, "another launch").members() == 0

@@ -2,22 +2,34 @@
 that is due by time, a stop) must happen at the same step on every rank: a step is complete only
 once every rank's shard is in place, and the collective save a framework makes after a stop hangs
 when a rank is missing. Ranks whose clocks started a second apart never save the same step by time
-on their own."""
+on their own.
+
+The Checkpointer agrees through torch.distributed's key-value store, never through a collective: a
+collective of ours would pair with the training's own all-reduces wherever the ranks call
+``maybe_save`` unequally (``if rank == 0: ckpt.maybe_save(...)``), and corrupt or hang them."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-# Ranks compare notes about this often: one tiny all-reduce per period, however short the steps.
-AGREE_EVERY_S = 1.0
-MAX_CALLS_BETWEEN = 10_000
+# Every rank reads the store about this often (one round trip to the store's server), and a plan is
+# made for a step at least twice as far ahead: every rank reads it before it gets there.
+POLL_S = 0.5
+MAX_LEAD_STEPS = 100_000
+WARMUP_CALLS = 3
 
 
 def max_across_ranks(values: Sequence[int]) -> list[int] | None:
     """The element-wise largest of ``values`` over every rank: one all-reduce when torch.distributed
-    runs with more than one rank; None when it does not (torch is not imported by this)."""
+    runs with more than one rank; None when it does not (torch is not imported by this). For hooks
+    that every rank runs at the same point (framework callbacks), never for ``maybe_save``."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -31,35 +43,111 @@ def max_across_ranks(values: Sequence[int]) -> list[int] | None:
     return [int(v) for v in tensor.tolist()]
 
 
-class RankAgreement:
-    """Decides, with the other ranks, at calls they choose together: every rank calls ``decide`` once
-    per training step; the ranks all-reduce at the same calls (the first, then after as many calls
-    as the slowest rank makes in about AGREE_EVERY_S) and get the same answer there; in between
-    nothing is decided (a signal or a due save waits for the next agreement, about a second)."""
+class Store(Protocol):
+    """What SavePlans needs of torch.distributed's store (TCPStore, FileStore, PrefixStore)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, reduce=max_across_ranks) -> None:
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    step: int  # every rank acts at its first call at or after this step
+    stop: int  # the signal that asked for a stop, 0 for a save due by time
+
+    def encode(self) -> str:
+        return f"{self.step} {self.stop}"
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Plan:
+        step, stop = raw.decode().split()
+        return cls(int(step), int(stop))
+
+
+class SavePlans:
+    """The job's saves due by time and its stops, numbered 0, 1, 2, ...: a rank that wants one
+    writes plan N into the store (the first writer wins, the others take its plan), naming a step far
+    enough ahead that every rank reads the plan before it gets there; every rank acts at that step."""
+
+    def __init__(self, store: Store, namespace: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._namespace = namespace
         self._clock = clock
-        self._reduce = reduce
-        self._calls_left = 0  # calls until the next agreement; 0: this one
-        self._between = 1  # calls from the last agreement to the next
-        self._last_agreed_at: float | None = None
+        self._number = 0  # the next plan's number
+        self._plan: Plan | None = None  # plan number ``_number``, once read or made
+        self._polled_at = -math.inf
+        self._last: tuple[int, float] | None = None  # (step, time) of the previous call
+        self._step_s = 0.0  # how long a step takes here (the fastest recent one)
+        self._calls = 0
+        self.late = 0  # plans this rank read after their step had passed (the ranks were not in step)
 
-    def decide(self, signum: int, due: bool, busy: bool) -> tuple[int, bool, bool] | None:
-        """(signal, due, busy) as the job sees them: the largest signal any rank received, whether
-        any rank's period has passed, whether any rank is still writing its last save. None when
-        there is nothing to agree with (no torch.distributed, one rank): each rank decides alone."""
-        if self._calls_left > 0:
-            self._calls_left -= 1
-            return 0, False, False
+    def join(self) -> int:
+        """Counts this rank among the job's Checkpointers; how many have joined so far."""
+        return self._store.add(f"{self._namespace}/members", 1)
+
+    def members(self) -> int:
+        return self._store.add(f"{self._namespace}/members", 0)
+
+    def due(self, step: int, *, wanted: bool, stop: int = 0) -> Plan | None:
+        """Called by every rank at every step: the plan to act on at this step, or None. ``wanted``:
+        this rank wants a save now (its period has passed, or ``stop`` names the signal it received)."""
         now = self._clock()
-        proposal = 1
-        if self._last_agreed_at is not None:
-            per_call = max((now - self._last_agreed_at) / self._between, 1e-6)
-            proposal = max(1, min(MAX_CALLS_BETWEEN, int(AGREE_EVERY_S / per_call)))
-        agreed = self._reduce([signum, int(due), int(busy), -proposal])
-        if agreed is None:
+        self._measure(step, now)
+        self._calls += 1
+        # The first calls read the store every time: no step time is known to plan far enough ahead.
+        if self._plan is None and (wanted or self._calls <= WARMUP_CALLS or now - self._polled_at >= POLL_S):
+            self._polled_at = now
+            key = self._key()
+            if self._store.check([key]):
+                self._plan = Plan.decode(self._store.get(key))
+            elif wanted:
+                proposal = Plan(step + self._lead_steps(), stop)
+                self._plan = Plan.decode(self._store.compare_set(key, "", proposal.encode()))
+        if self._plan is None or step < self._plan.step:
             return None
-        self._between = -agreed[3]  # the fewest calls any rank proposed: the same on every rank
-        self._calls_left = self._between - 1
-        self._last_agreed_at = now
-        return agreed[0], bool(agreed[1]), bool(agreed[2])
+        plan, self._plan = self._plan, None
+        self._number += 1
+        if step > plan.step:
+            self.late += 1
+        return plan
+
+    def _key(self) -> str:
+        return f"{self._namespace}/plan/{self._number}"
+
+    def _measure(self, step: int, now: float) -> None:
+        if self._last is not None and step > self._last[0]:
+            per_step = (now - self._last[1]) / (step - self._last[0])
+            # The fastest recent step, drifting up slowly: a pause (evaluation, a slow batch) must not
+            # make the plan's lead shorter than the time every rank needs to read it.
+            self._step_s = per_step if self._step_s == 0 else min(per_step, self._step_s * 1.05)
+        self._last = (step, now)
+
+    def _lead_steps(self) -> int:
+        """Steps to the planned one: every other rank reads the store before then (at each of its
+        first calls, then at least once per POLL_S, and at most a step behind or ahead)."""
+        if self._step_s <= 0:
+            return WARMUP_CALLS
+        return min(MAX_LEAD_STEPS, math.ceil(2 * POLL_S / self._step_s) + 2)
+
+
+def job_store() -> Any | None:
+    """torch.distributed's key-value store of this job, when it runs with more than one rank."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return None
+    with contextlib.suppress(Exception):  # a private helper of torch's: absent, it means no agreement
+        return dist.distributed_c10d._get_default_store()
+    return None
+
+
+def job_namespace(name: str, world_size: int) -> str:
+    """Keys of one launch of the job: the same on every rank, new at every restart."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "job"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = os.environ.get("TRAINGUARD_ATTEMPT", "0")
+    return f"trainguard/{run}/{restart}/{attempt}/{world_size}/{name}"

@@ -50,7 +50,7 @@ from trainguard.checkpoint._format import (
     write_shard,
     writing_lock,
 )
-from trainguard.checkpoint.agreement import RankAgreement
+from trainguard.checkpoint.agreement import SavePlans, job_namespace, job_store
 from trainguard.checkpoint.stopsignal import StopSignal
 from trainguard.probes.memory import available_bytes
 from trainguard.units import parse_duration
@@ -383,8 +383,8 @@ class Checkpointer:
         self._staging: _Staging | None = None
         self._writer: _Writer | None = None
         self._expected_save_s = 0.0  # how long the last asynchronous save took
-        self._agreement: RankAgreement | None = None
-        self._warned_alone = False
+        self._plans: SavePlans | None = None
+        self._warned_alone = self._warned_late = self._warned_members = self._members_ok = False
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -429,7 +429,7 @@ class Checkpointer:
         A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
         training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
         progress.report_step(step)
-        signum, time_due = self._agreed(self._stop.received, self._time_due())
+        signum, time_due, planned = self._decide(step)
         if signum is not None and not self._stop_requested:
             self._stop_requested = True
             saved = self._save_logged(state, step, blocking=True)
@@ -439,34 +439,64 @@ class Checkpointer:
             return saved
         if not (self._steps_due(step) or time_due):
             return False
-        if self._writer_busy():
-            return False  # the previous save is still being written: try again at a later step
-        if self._writer is not None and not self._writer.done():
-            self._abandon_stuck_writer()
+        if not planned:  # a save the ranks planned together is waited for: skipped, its step is incomplete
+            if self._writer_busy():
+                return False  # the previous save is still being written: try again at a later step
+            if self._writer is not None and not self._writer.done():
+                self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
 
     def _writer_busy(self) -> bool:
         """Whether the previous save is still being written by a writer that is not stuck."""
         return self._writer is not None and not self._writer.done() and self._writer.idle_for() < self._stuck_after()
 
-    def _agreed(self, signum: int | None, time_due: bool) -> tuple[int | None, bool]:
-        """In a job of several ranks, a signal one rank received and a period one rank's clock says
-        has passed are taken at the same step on every rank (torch.distributed: one tiny all-reduce
-        about once a second); a save one rank is still writing postpones the job's save by time."""
+    def _decide(self, step: int) -> tuple[int | None, bool, bool]:
+        """(stop signal, save due by time, planned with the other ranks). In a job of several ranks
+        a signal one rank received and a period one rank's clock says has passed are taken at one
+        step by every rank, planned through torch.distributed's store (see ``agreement``)."""
+        signum, time_due = self._stop.received, self._time_due()
         if not self.sharded:
-            return signum, time_due
-        if self._agreement is None:
-            self._agreement = RankAgreement(self._clock)
-        agreed = self._agreement.decide(signum or 0, time_due, self._writer_busy())
-        if agreed is None:
+            return signum, time_due, False
+        plans = self._save_plans()
+        if plans is None:
             if time_due and not self._warned_alone:
                 self._warned_alone = True
                 log.warning("rank %d of %d decides its saves by time alone (torch.distributed is not running): "
                             "other ranks may save other steps; every_steps saves the same steps on every rank",
                             self.rank, self.world_size)  # fmt: skip
-            return signum, time_due
-        agreed_signal, any_due, any_busy = agreed
-        return (agreed_signal or None), any_due and not any_busy
+            return signum, time_due, False
+        stop = signum if signum is not None and not self._stop_requested else None
+        plan = plans.due(step, wanted=stop is not None or time_due, stop=stop or 0)
+        if plan is None:
+            return None, False, False
+        if plans.late and not self._warned_late:
+            self._warned_late = True
+            log.warning("rank %d read the plan to save step %d late (at step %d): the ranks are not in step, "
+                        "that step may not be complete", self.rank, plan.step, step)  # fmt: skip
+        self._check_members(plans)
+        return (plan.stop or None), not plan.stop, True
+
+    def _save_plans(self) -> SavePlans | None:
+        if self._plans is None:
+            store = job_store()
+            if store is None:
+                return None
+            self._plans = SavePlans(store, job_namespace(self.directory.name, self.world_size), self._clock)
+            self._plans.join()
+        return self._plans
+
+    def _check_members(self, plans: SavePlans) -> None:
+        """A job of several ranks where some ranks make no Checkpointer (``if rank == 0: ...``) never
+        completes a step: said once, with the fix."""
+        if self._members_ok:
+            return
+        members = plans.members()
+        self._members_ok = members >= self.world_size
+        if not self._members_ok and not self._warned_members:
+            self._warned_members = True
+            log.warning("only %d of the job's %d ranks made a Checkpointer: a step is complete only once every rank "
+                        "saved its shard; make one on every rank, or pass world_size=1 on the one rank that saves "
+                        "for the job", members, self.world_size)  # fmt: skip
 
     def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
         try:
