@@ -46,6 +46,8 @@ if ckpt is not None:
     ckpt.close()
 print(f"rank {rank} left at step {step} stop_requested={ckpt is not None and ckpt.stop_requested} "
       f"weights={weights.tolist()}", flush=True)
+dist.barrier()  # a clean end: a rank that leaves while another still closes can die in gloo's teardown
+dist.destroy_process_group()
 """
 
 
