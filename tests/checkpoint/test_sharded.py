@@ -125,3 +125,64 @@ def test_the_rank_and_world_size_come_from_the_launchers_environment(tmp_path: P
     single.save({"step": 0}, 0)
     assert (tmp_path / "single" / "step-000000000000" / "manifest.json").exists()  # one process: as before
     single.close()
+
+
+class Clock:
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tcp_store_pair():
+    """A real torch TCPStore: its server, and a client of it (what each rank of a job holds)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=5)
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+    return server, dist.TCPStore("127.0.0.1", server.port, 2, False, timeout=timeout)
+
+
+def test_ranks_whose_clocks_started_apart_save_the_same_steps_through_the_jobs_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, client = tcp_store_pair()
+    stores = iter([server, client])
+    monkeypatch.setattr("trainguard.checkpoint.checkpointer.job_store", lambda: next(stores))
+    clocks = [Clock(0.0), Clock(0.0)]
+    zero, one = (Checkpointer(tmp_path, rank=r, world_size=2, every="10s", handle_signals=False, clock=clocks[r])
+                 for r in range(2))  # fmt: skip
+    clocks[1].now = -0.3  # rank 1 made its Checkpointer 0.3 s later: by its clock every save is due later
+    saved: dict[int, list[int]] = {0: [], 1: []}
+    for step in range(300):  # 100 ms a step, in lockstep
+        for rank, ckpt in enumerate((zero, one)):
+            clocks[rank].now += 0.1
+            if ckpt.maybe_save(step, state(rank, step)):
+                saved[rank].append(step)
+            ckpt.wait()
+    close([zero, one])
+    assert saved[0] == saved[1] and len(saved[0]) >= 2, saved
+    complete = {c.step for c in layouts.scan(tmp_path) if c.complete}
+    assert set(saved[0][-3:]) <= complete, (saved, complete)  # keep=3: the newest three, whole
+
+
+def test_a_store_that_stops_answering_never_stops_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, client = tcp_store_pair()
+    monkeypatch.setattr("trainguard.checkpoint.checkpointer.job_store", lambda: client)
+    clock = Clock(0.0)
+    ckpt = Checkpointer(tmp_path, rank=1, world_size=2, every="1s", handle_signals=False, clock=clock)
+    assert not ckpt.maybe_save(0, state(1, 0))  # joined the job's store
+    del server  # the store's server is gone (its node died)
+    saved = []
+    for step in range(1, 40):
+        clock.now += 0.1
+        if ckpt.maybe_save(step, state(1, step)):
+            saved.append(step)
+    ckpt.close()
+    assert saved, "the rank saved nothing once the store was gone"
+    assert "cannot reach torch.distributed's store" in caplog.text

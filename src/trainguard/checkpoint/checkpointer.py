@@ -384,6 +384,7 @@ class Checkpointer:
         self._writer: _Writer | None = None
         self._expected_save_s = 0.0  # how long the last asynchronous save took
         self._plans: SavePlans | None = None
+        self._store_lost = False
         self._warned_alone = self._warned_late = self._warned_members = self._members_ok = False
 
         try:
@@ -466,24 +467,41 @@ class Checkpointer:
                             self.rank, self.world_size)  # fmt: skip
             return signum, time_due, False
         stop = signum if signum is not None and not self._stop_requested else None
-        plan = plans.due(step, wanted=stop is not None or time_due, stop=stop or 0)
+        try:
+            plan = plans.due(step, wanted=stop is not None or time_due, stop=stop or 0)
+            if plan is not None:
+                self._check_members(plans)
+        except Exception as exc:  # whatever the store raises, training must not die of it
+            self._lose_the_store(exc)
+            return signum, time_due, False
         if plan is None:
             return None, False, False
         if plans.late and not self._warned_late:
             self._warned_late = True
             log.warning("rank %d read the plan to save step %d late (at step %d): the ranks are not in step, "
                         "that step may not be complete", self.rank, plan.step, step)  # fmt: skip
-        self._check_members(plans)
         return (plan.stop or None), not plan.stop, True
 
     def _save_plans(self) -> SavePlans | None:
-        if self._plans is None:
+        if self._plans is None and not self._store_lost:
             store = job_store()
             if store is None:
                 return None
-            self._plans = SavePlans(store, job_namespace(self.directory.name, self.world_size), self._clock)
-            self._plans.join()
+            plans = SavePlans(store, job_namespace(self.directory.name, self.world_size), self._clock)
+            try:
+                plans.join()
+            except Exception as exc:  # the same
+                self._lose_the_store(exc)
+                return None
+            self._plans = plans
         return self._plans
+
+    def _lose_the_store(self, exc: Exception) -> None:
+        """The job's store stopped answering (its server's node died, the job is being torn down): each
+        rank decides alone from now on; the failure that matters is the one that took the store."""
+        self._store_lost, self._plans = True, None
+        log.warning("rank %d cannot reach torch.distributed's store (%s): it decides its saves alone from now on",
+                    self.rank, exc)  # fmt: skip
 
     def _check_members(self, plans: SavePlans) -> None:
         """A job of several ranks where some ranks make no Checkpointer (``if rank == 0: ...``) never
