@@ -18,6 +18,7 @@ from trainguard.postmortem import LogSource, investigate
 # that makes the engine generalise worse fails here.
 DEV_FLOOR = 0.90
 HOLDOUT_FLOOR = 0.75
+LINES_FLOOR = 0.80
 
 
 def _diagnose(row: dict, scanner: Scanner):
@@ -32,6 +33,21 @@ def test_accuracy_on_the_tuning_part(engine: str) -> None:
     misses = {row["id"]: d.cause for row in rows if (d := _diagnose(row, scanner)).cause != row["label"]}
     accuracy = 1 - len(misses) / len(rows)
     assert accuracy >= DEV_FLOOR, f"accuracy {accuracy:.1%}; misclassified: {misses}"
+
+
+def test_failing_lines_of_many_tools_are_read_as_their_cause() -> None:
+    """tests/corpus/lines.jsonl: single failing lines, verbatim from public threads, by cause (a census
+    of wordings across frameworks, schedulers, shells and languages; tuned against, like dev)."""
+    rows = load_corpus("lines")
+    scanner = Scanner(default_table().signatures)
+    misses = [
+        (row["label"], d.cause, row["line"][:100])
+        for row in rows
+        if (d := investigate([LogSource(None, [(row["line"] + "\n").encode()])], scanner=scanner).diagnosis).cause
+        != row["label"]
+    ]
+    accuracy = 1 - len(misses) / len(rows)
+    assert accuracy >= LINES_FLOOR, f"accuracy {accuracy:.1%}; misread: {misses}"
 
 
 def test_accuracy_on_the_held_out_part() -> None:
