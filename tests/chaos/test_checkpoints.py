@@ -579,3 +579,24 @@ def test_a_disk_sized_for_keep_checkpoints_goes_on_saving(tmp_path: Path, asynch
         assert "not saving step 1" in str(single.last_error)
         single.close()
         assert Checkpointer(disk / "one", keep=1).load_latest()["step"] == 0
+
+
+def test_a_damaged_checkpoint_on_a_disk_sized_for_keep_does_not_stop_every_later_save(tmp_path: Path) -> None:
+    """A damaged checkpoint is kept aside for a person to look at, until `keep` newer ones exist; on a
+    disk with room for `keep` and no more it was in the way of every later save, for good."""
+    if reason := faults.why_no_root():
+        pytest.skip(f"a small tmpfs: {reason}")
+    weights = 3 * 1024 * 1024
+    with faults.small_tmpfs(tmp_path / "disk", "8m") as disk:
+        ckpt = Checkpointer(disk / "ckpt", every=None, every_steps=1, keep=2)
+        for step in range(2):
+            assert ckpt.maybe_save(step, {"step": step, "weights": bytes([step]) * weights})
+            ckpt.wait()
+        biggest = max((disk / "ckpt" / "step-000000000001").iterdir(), key=lambda p: p.stat().st_size)
+        os.truncate(biggest, biggest.stat().st_size - 1)
+        for step in range(2, 6):
+            assert ckpt.maybe_save(step, {"step": step, "weights": bytes([step]) * weights}), ckpt.last_error
+            ckpt.wait()
+        ckpt.close()
+        state = Checkpointer(disk / "ckpt", keep=2).load_latest()
+        assert state["step"] == 5 and state["weights"] == bytes([5]) * weights

@@ -186,3 +186,45 @@ def test_a_store_that_stops_answering_never_stops_training(
     ckpt.close()
     assert saved, "the rank saved nothing once the store was gone"
     assert "cannot reach torch.distributed's store" in caplog.text
+
+
+def test_two_checkpointers_of_one_job_with_folders_of_one_name_keep_their_own_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, client = tcp_store_pair()
+    stores = {0: server, 1: client}
+    made: list[int] = []
+
+    def store_of_the_rank_being_made():
+        return stores[made[-1]]
+
+    monkeypatch.setattr("trainguard.checkpoint.checkpointer.job_store", store_of_the_rank_being_made)
+    clocks = [Clock(0.0), Clock(0.0)]
+    often, rarely = [], []
+    for rank in range(2):
+        made.append(rank)
+        often.append(Checkpointer(tmp_path / "a" / "ckpt", rank=rank, world_size=2, every="5s", handle_signals=False,
+                                  clock=clocks[rank]))  # fmt: skip
+        rarely.append(Checkpointer(tmp_path / "b" / "ckpt", rank=rank, world_size=2, every="1h", handle_signals=False,
+                                   clock=clocks[rank]))  # fmt: skip
+    for step in range(200):
+        for rank in range(2):
+            made.append(rank)  # the store this rank's Checkpointers join at their first maybe_save
+            clocks[rank].now += 0.1
+            often[rank].maybe_save(step, state(rank, step))
+            rarely[rank].maybe_save(step, state(rank, step))
+            often[rank].wait()
+    close(often + rarely)
+    assert [c.step for c in layouts.scan(tmp_path / "a" / "ckpt") if c.complete]
+    assert not list((tmp_path / "b" / "ckpt").glob("step-*"))  # every="1h": nothing was due
+
+
+def test_a_rank_whose_steps_never_complete_keeps_only_keep_of_its_shards(tmp_path: Path) -> None:
+    """Only rank 0 makes a Checkpointer (`if rank == 0: ...`): its shards never complete a step, and
+    must not pile up until the disk is full."""
+    alone = Checkpointer(tmp_path, rank=0, world_size=2, every=None, every_steps=1, keep=2, handle_signals=False)
+    for step in range(10):
+        assert alone.maybe_save(step, state(0, step))
+        alone.wait()
+    alone.close()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000000008", "step-000000000009"]

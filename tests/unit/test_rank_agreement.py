@@ -54,7 +54,7 @@ def lockstep(ranks: list[SavePlans], clock: Clock, steps: range, wants) -> dict[
 
 def test_ranks_that_want_a_save_at_different_steps_save_one_step_together() -> None:
     store, clock = DictStore(), Clock()
-    ranks = [SavePlans(store, "job", clock) for _ in range(3)]
+    ranks = [SavePlans(store, "job", 3, clock) for _ in range(3)]
     # Each rank's own clock says the save is due at another step (40, 47, 55), until it has saved.
     due_at = {0: 40, 1: 47, 2: 55}
     saved: dict[int, bool] = {0: False, 1: False, 2: False}
@@ -74,7 +74,7 @@ def test_ranks_that_want_a_save_at_different_steps_save_one_step_together() -> N
 
 def test_a_signal_that_reaches_one_rank_stops_every_rank_at_one_step_with_that_signal() -> None:
     store, clock = DictStore(), Clock()
-    ranks = [SavePlans(store, "job", clock) for _ in range(2)]
+    ranks = [SavePlans(store, "job", 2, clock) for _ in range(2)]
     acted = lockstep(ranks, clock, range(300), lambda rank, step: (rank == 1 and step >= 30, 15 if rank == 1 else 0))
     first = {rank: found[0] for rank, found in acted.items()}
     assert first[0] == first[1] and first[0][1] == 15, acted
@@ -82,7 +82,7 @@ def test_a_signal_that_reaches_one_rank_stops_every_rank_at_one_step_with_that_s
 
 def test_ranks_read_the_store_about_once_per_poll_period_not_every_step() -> None:
     store, clock = DictStore(), Clock()
-    plans = SavePlans(store, "job", clock)
+    plans = SavePlans(store, "job", 1, clock)
     for step in range(1000):  # 10 s at 10 ms a step, nothing wanted
         clock.now += 0.01
         plans.due(step, wanted=False)
@@ -91,8 +91,34 @@ def test_ranks_read_the_store_about_once_per_poll_period_not_every_step() -> Non
 
 def test_members_count_the_ranks_that_joined() -> None:
     store = DictStore()
-    first, second = SavePlans(store, "job"), SavePlans(store, "job")
+    first, second = SavePlans(store, "job", 2), SavePlans(store, "job", 2)
     assert first.join() == 1 and first.members() == 1
     second.join()
     assert first.members() == 2
-    assert SavePlans(store, "another launch").members() == 0
+    assert SavePlans(store, "another name", 2).members() == 0
+
+
+def test_a_store_that_outlived_a_launch_never_replays_its_plans() -> None:
+    """A file store reused by the next launch (init_method=file://): the old launch's stop stays its own."""
+    store, clock = DictStore(), Clock()
+    old = [SavePlans(store, "job", 2, clock) for _ in range(2)]
+    for plans in old:
+        plans.join()
+    lockstep(old, clock, range(100), lambda rank, step: (rank == 1 and step >= 30, 15))  # stopped by SIGTERM
+    new = [SavePlans(store, "job", 2, clock) for _ in range(2)]
+    assert [plans.join() for plans in new] == [1, 2]
+    acted = lockstep(new, clock, range(90, 200), lambda rank, step: (False, 0))  # resumed; no signal
+    assert acted == {0: [], 1: []}
+
+
+def test_slow_steps_get_a_plan_for_the_next_step() -> None:
+    """3 s steps: every rank reads the store at every call, so a stop waits one step, not three."""
+    store, clock = DictStore(), Clock()
+    ranks = [SavePlans(store, "job", 2, clock) for _ in range(2)]
+    acted: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    for step in range(12):
+        clock.now += 3.0
+        for rank, plans in enumerate(ranks):
+            if plan := plans.due(step, wanted=step >= 6, stop=15):
+                acted[rank].append((step, plan.stop))
+    assert acted[0][0] == acted[1][0] == (7, 15)

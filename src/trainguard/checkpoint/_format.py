@@ -326,22 +326,46 @@ def clean_stale_shards(directory: Path, rank: int, *, dead_attempt: bool = True)
     return removed
 
 
-def prune_jobs(directory: Path, keep: int, protect: Path | None = None) -> None:
+def prune_jobs(directory: Path, keep: int, protect: Path | None = None, rank: int | None = None) -> None:
     """Keep the ``keep`` newest complete steps of a job of several ranks; remove older steps, and
     steps older than the newest complete one that never completed (a rank died while saving them).
-    Any rank may prune: removing a folder another rank removes at the same time is harmless."""
+    Any rank may prune: removing a folder another rank removes at the same time is harmless.
+
+    ``rank``: also remove that rank's shards of the steps after the newest complete one beyond the
+    ``keep`` newest of them: steps the other ranks never saved (a job where only some ranks make a
+    Checkpointer, ranks that numbered their steps differently) must not fill the disk."""
     complete = [p for p in complete_jobs(directory)]
-    if not complete:
+    newest = (step_of(complete[0]) or 0) if complete else -1
+    if complete:
+        kept = {p.name for p in complete[:keep]} | ({protect.name} if protect is not None else set())
+        for path in directory.iterdir():
+            step = step_of(path)
+            if step is None or path.name in kept or step >= newest:
+                continue
+            with contextlib.suppress(OSError):
+                (path / JOB_FILE).unlink()  # first: a half-deleted step must never look complete
+            shutil.rmtree(path, ignore_errors=True)
+    if rank is None:
         return
-    kept = {p.name for p in complete[:keep]} | ({protect.name} if protect is not None else set())
-    newest = step_of(complete[0]) or 0
-    for path in directory.iterdir():
-        step = step_of(path)
-        if step is None or path.name in kept or step >= newest:
+    pending = sorted(
+        (p for p in directory.iterdir() if (step := step_of(p)) is not None and step > newest
+         and not (p / JOB_FILE).exists() and (p / shard_name(rank)).is_dir()),
+        key=lambda p: step_of(p) or 0, reverse=True,
+    )  # fmt: skip
+    for path in pending[keep:]:
+        if protect is not None and path.name == protect.name:
             continue
+        shutil.rmtree(path / shard_name(rank), ignore_errors=True)
         with contextlib.suppress(OSError):
-            (path / JOB_FILE).unlink()  # first: a half-deleted step must never look complete
-        shutil.rmtree(path, ignore_errors=True)
+            path.rmdir()  # the last rank's shard gone: the step folder too
+
+
+def damaged_folders(directory: Path) -> list[Path]:
+    """Checkpoints moved aside as damaged (kept for a person to look at), oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _DAMAGED_NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_DAMAGED_NAME.match(p.name).group(1)))
 
 
 def read_manifest(path: Path) -> Manifest:

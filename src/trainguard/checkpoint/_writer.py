@@ -76,7 +76,7 @@ def serve(connection: Connection, memfd: int) -> int:
             if job.get("rank") is None:
                 prune(directory, job["keep"], protect=path)
             else:
-                prune_jobs(directory, job["keep"], protect=path)
+                prune_jobs(directory, job["keep"], protect=path, rank=job["rank"])
 
 
 def main(argv: list[str]) -> int:

@@ -71,9 +71,13 @@ class SavePlans:
     writes plan N into the store (the first writer wins, the others take its plan), naming a step far
     enough ahead that every rank reads the plan before it gets there; every rank acts at that step."""
 
-    def __init__(self, store: Store, namespace: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, store: Store, namespace: str, world_size: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._store = store
         self._namespace = namespace
+        self._world_size = world_size
+        self._launch = 0  # which launch of the job on this store (a file store outlives its job)
         self._clock = clock
         self._number = 0  # the next plan's number
         self._plan: Plan | None = None  # plan number ``_number``, once read or made
@@ -84,11 +88,15 @@ class SavePlans:
         self.late = 0  # plans this rank read after their step had passed (the ranks were not in step)
 
     def join(self) -> int:
-        """Counts this rank among the job's Checkpointers; how many have joined so far."""
-        return self._store.add(f"{self._namespace}/members", 1)
+        """Counts this rank among the job's Checkpointers; how many of this launch have joined so far.
+        A store that outlived an earlier launch (``init_method=file://`` reused) still counts that
+        launch's ranks: plans are kept per launch, so an old stop is never replayed."""
+        joined = self._store.add(f"{self._namespace}/members", 1)
+        self._launch = (joined - 1) // self._world_size
+        return joined - self._launch * self._world_size
 
     def members(self) -> int:
-        return self._store.add(f"{self._namespace}/members", 0)
+        return self._store.add(f"{self._namespace}/members", 0) - self._launch * self._world_size
 
     def due(self, step: int, *, wanted: bool, stop: int = 0) -> Plan | None:
         """Called by every rank at every step: the plan to act on at this step, or None. ``wanted``:
@@ -114,7 +122,7 @@ class SavePlans:
         return plan
 
     def _key(self) -> str:
-        return f"{self._namespace}/plan/{self._number}"
+        return f"{self._namespace}/{self._launch}/plan/{self._number}"
 
     def _measure(self, step: int, now: float) -> None:
         if self._last is not None and step > self._last[0]:
@@ -129,6 +137,11 @@ class SavePlans:
         first calls, then at least once per POLL_S, and at most a step behind or ahead)."""
         if self._step_s <= 0:
             return WARMUP_CALLS
+        if self._step_s >= POLL_S:
+            # Every rank reads the store at every call, and no rank passes the next step's
+            # collective before this one's call returned: the next step is enough (a stop on 10 s
+            # steps must fit a 30 s grace period).
+            return 1
         return min(MAX_LEAD_STEPS, math.ceil(2 * POLL_S / self._step_s) + 2)
 
 
@@ -145,9 +158,12 @@ def job_store() -> Any | None:
     return None
 
 
-def job_namespace(name: str, world_size: int) -> str:
-    """Keys of one launch of the job: the same on every rank, new at every restart."""
+def job_namespace(name: str, world_size: int, ordinal: int = 0) -> str:
+    """Keys of one Checkpointer of one launch of the job: the same on every rank, new at every
+    restart. ``ordinal``: the how-manieth Checkpointer on a folder of that name this process made
+    (two in one job, ``a/ckpt`` and ``b/ckpt``, must not share plans; the full path may differ
+    between nodes that mount the shared folder in different places)."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "job"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     attempt = os.environ.get("TRAINGUARD_ATTEMPT", "0")
-    return f"trainguard/{run}/{restart}/{attempt}/{world_size}/{name}"
+    return f"trainguard/{run}/{restart}/{attempt}/{world_size}/{name}#{ordinal}"

@@ -4,6 +4,7 @@ themselves. See DESIGN section 5 for the contract; the on-disk form is in ``_for
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import json
@@ -35,6 +36,7 @@ from trainguard.checkpoint._format import (
     clean_stale_shards,
     complete_checkpoints,
     complete_jobs,
+    damaged_folders,
     folder_bytes,
     invalidate_job,
     move_aside,
@@ -316,6 +318,11 @@ def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterato
         position = spec.offset + spec.nbytes
 
 
+# How many Checkpointers of each folder name (and rank) this process has joined to its job's store,
+# in order: every rank makes them in the same order, so the n-th one of a name is the same on every rank.
+_ORDINALS: collections.Counter[tuple[str, int]] = collections.Counter()
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name) or default)
@@ -487,7 +494,10 @@ class Checkpointer:
             store = job_store()
             if store is None:
                 return None
-            plans = SavePlans(store, job_namespace(self.directory.name, self.world_size), self._clock)
+            ordinal = _ORDINALS[(self.directory.name, self.rank)]
+            _ORDINALS[(self.directory.name, self.rank)] += 1
+            namespace = job_namespace(self.directory.name, self.world_size, ordinal)
+            plans = SavePlans(store, namespace, self.world_size, self._clock)
             try:
                 plans.join()
             except Exception as exc:  # the same
@@ -575,7 +585,7 @@ class Checkpointer:
     def _write(self, step: int, tree: bytes, data: Any, wall_time: float | None) -> Path:
         if self.sharded:
             path = write_shard(self.directory, step, self.rank, self.world_size, tree, data, wall_time=wall_time)
-            prune_jobs(self.directory, self.keep, protect=path)
+            prune_jobs(self.directory, self.keep, protect=path, rank=self.rank)
             return path
         prune(self.directory, self.keep)  # what a kill between an earlier save and its pruning left
         saved_at = time.time() if wall_time is None else wall_time
@@ -595,13 +605,25 @@ class Checkpointer:
         if free >= needed + DISK_MARGIN:
             return
         if not self.sharded:  # a rank alone must not remove a step the others still count on
+            # What this save replaces anyway, and damaged checkpoints kept only for a person to look
+            # at: on a disk sized for `keep`, they go first (the newest valid one never does).
+            prune(self.directory, self.keep)  # damaged ones moved aside, so that they are seen as such
+            damaged = damaged_folders(self.directory)
             replaced = replaced_by_next_save(self.directory, self.keep)
-            if replaced and free + sum(folder_bytes(p) for p in replaced) >= needed + DISK_MARGIN:
-                log.warning(
-                    "%s: %.1f MB free, a checkpoint takes %.1f MB: removing %s before saving step %d (keep=%d)",
-                    self.directory, free / 1e6, needed / 1e6, ", ".join(p.name for p in replaced), step, self.keep,
-                )  # fmt: skip
-                prune(self.directory, max(self.keep - 1, 1))
+            reclaimable = sum(folder_bytes(p) for p in damaged + replaced)
+            if (damaged or replaced) and free + reclaimable >= needed + DISK_MARGIN:
+                for path in damaged:
+                    log.warning("%s: not enough room to save step %d: removing %s, kept for inspection",
+                                self.directory, step, path.name)  # fmt: skip
+                    shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    free = shutil.disk_usage(self.directory).free
+                if replaced and free < needed + DISK_MARGIN:
+                    log.warning(
+                        "%s: %.1f MB free, a checkpoint takes %.1f MB: removing %s before saving step %d (keep=%d)",
+                        self.directory, free / 1e6, needed / 1e6, ", ".join(p.name for p in replaced), step, self.keep,
+                    )  # fmt: skip
+                    prune(self.directory, max(self.keep - 1, 1))
                 with contextlib.suppress(OSError):
                     free = shutil.disk_usage(self.directory).free
                 if free >= needed + DISK_MARGIN:
