@@ -1,9 +1,9 @@
-"""Derive trainguard's CUDA/driver table from shared/reference/cuda_driver_compat.json.
+"""Derive trainguard's CUDA/driver table from tools/reference/cuda_driver_compat.json.
 
 For each CUDA toolkit release (major.minor): the Linux driver its GA release needs, and the minimum
 driver of its family under minor-version compatibility. Written to src/trainguard/data/cuda_compat.json.
 
-    python tools/gen_cuda_compat.py ../shared/reference/cuda_driver_compat.json
+    python tools/gen_cuda_compat.py [tools/reference/cuda_driver_compat.json]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def derive(reference: dict) -> dict:
             "unconfirmed": "unconfirmed" in json.dumps(releases[0]),
         })  # fmt: skip
     return {
-        "source": "derived by tools/gen_cuda_compat.py from shared/reference/cuda_driver_compat.json (gathered "
+        "source": "derived by tools/gen_cuda_compat.py from tools/reference/cuda_driver_compat.json (gathered "
         + reference.get("gathered", "?")
         + "): NVIDIA CUDA Toolkit release notes, Table 3, and the CUDA Compatibility guide",
         "toolkits": rows,
@@ -45,7 +45,7 @@ def derive(reference: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    default = Path(__file__).parents[2] / "shared/reference/cuda_driver_compat.json"
+    default = Path(__file__).parent / "reference/cuda_driver_compat.json"
     reference = Path(argv[1]) if len(argv) > 1 else default
     out = Path(__file__).parents[1] / "src/trainguard/data/cuda_compat.json"
     table = derive(json.loads(reference.read_text()))

@@ -1,10 +1,10 @@
-"""Derive trainguard's Xid table from the reference catalogue in ../shared/reference/xid.json.
+"""Derive trainguard's Xid table from the reference catalogue in tools/reference/xid.json.
 
-The package cannot read shared/ at run time, so the facts it needs (name, NVIDIA's likely cause and
+The package does not ship the reference catalogue, so the facts it needs (name, NVIDIA's likely cause and
 actions, one-line action) are copied into src/trainguard/data/xids.json together with the cause and
 weight the classifier gives each Xid. Run it again when the reference changes:
 
-    python tools/gen_xid_table.py ../shared/reference/xid.json
+    python tools/gen_xid_table.py [tools/reference/xid.json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def derive(reference: dict) -> dict:
             }
         )
     return {
-        "source": "derived by tools/gen_xid_table.py from shared/reference/xid.json (gathered "
+        "source": "derived by tools/gen_xid_table.py from tools/reference/xid.json (gathered "
         + reference.get("gathered", "?")
         + "); facts from NVIDIA's Xid catalog, https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
         "unknown_xid": {"cause": "gpu_hardware", "weight": 0.5},
@@ -62,7 +62,7 @@ def derive(reference: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    reference_path = Path(argv[1]) if len(argv) > 1 else Path(__file__).parents[2] / "shared/reference/xid.json"
+    reference_path = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "reference/xid.json"
     out = Path(__file__).parents[1] / "src/trainguard/data/xids.json"
     table = derive(json.loads(reference_path.read_text()))
     out.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n")

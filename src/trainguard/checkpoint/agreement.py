@@ -26,16 +26,25 @@ MAX_LEAD_STEPS = 100_000
 WARMUP_CALLS = 3
 
 
-def max_across_ranks(values: Sequence[int]) -> list[int] | None:
-    """The element-wise largest of ``values`` over every rank: one all-reduce when torch.distributed
-    runs with more than one rank; None when it does not (torch is not imported by this). For hooks
-    that every rank runs at the same point (framework callbacks), never for ``maybe_save``."""
+def _distributed_job() -> Any | None:
+    """torch.distributed, when it runs with more than one rank (torch is not imported by this)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return None
+    return dist
+
+
+def max_across_ranks(values: Sequence[int]) -> list[int] | None:
+    """The element-wise largest of ``values`` over every rank: one all-reduce when torch.distributed
+    runs with more than one rank; None when it does not (torch is not imported by this). For hooks
+    that every rank runs at the same point (framework callbacks), never for ``maybe_save``."""
+    dist = _distributed_job()
+    if dist is None:
+        return None
+    torch = sys.modules["torch"]
     on_gpu = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     tensor = torch.tensor(list(values), dtype=torch.int64, device=device)
@@ -147,11 +156,8 @@ class SavePlans:
 
 def job_store() -> Any | None:
     """torch.distributed's key-value store of this job, when it runs with more than one rank."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+    dist = _distributed_job()
+    if dist is None:
         return None
     with contextlib.suppress(Exception):  # a private helper of torch's: absent, it means no agreement
         return dist.distributed_c10d._get_default_store()

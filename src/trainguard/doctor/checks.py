@@ -306,7 +306,7 @@ def check_ssh_session(facts: Facts) -> CheckResult:
 
 
 # ------------------------------------------------------------------------------------------ GPUs
-# NVML clocks-event reasons (shared/reference/nvml_throttle.json): which ones mean trouble.
+# NVML clocks-event reasons (tools/reference/nvml_throttle.json): which ones mean trouble.
 THERMAL_OR_HW = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake"}
 POWER = {0x4: "SW power cap"}
 

@@ -39,7 +39,7 @@ GPU_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("trainguard_gpu_temperature_celsius", "GPU temperature", lambda g: g.temperature_c),
     ("trainguard_gpu_power_watts", "GPU power draw", lambda g: g.power_w),
 ]  # fmt: skip
-# NVML clocks-event reasons (shared/reference/nvml_throttle.json)
+# NVML clocks-event reasons (tools/reference/nvml_throttle.json)
 THROTTLE_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
                     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake",
                     0x100: "display_clocks"}  # fmt: skip

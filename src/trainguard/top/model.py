@@ -11,7 +11,7 @@ from typing import Any
 
 from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 
-# NVML clocks-event reasons (shared/reference/nvml_throttle.json); gpu_idle is no throttle.
+# NVML clocks-event reasons (tools/reference/nvml_throttle.json); gpu_idle is no throttle.
 THROTTLE_REASONS = {
     0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
     0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
