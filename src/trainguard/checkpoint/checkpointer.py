@@ -323,6 +323,13 @@ def _direct_chunks(tensors: list[Any], specs: list[_tree.TensorSpec]) -> Iterato
 _ORDINALS: collections.Counter[tuple[str, int]] = collections.Counter()
 
 
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name) or default)
@@ -392,7 +399,7 @@ class Checkpointer:
         self._expected_save_s = 0.0  # how long the last asynchronous save took
         self._plans: SavePlans | None = None
         self._store_lost = False
-        self._warned_alone = self._warned_late = self._warned_members = self._members_ok = False
+        self._warned_alone = self._warned_late = self._members_checked = False
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -515,13 +522,12 @@ class Checkpointer:
 
     def _check_members(self, plans: SavePlans) -> None:
         """A job of several ranks where some ranks make no Checkpointer (``if rank == 0: ...``) never
-        completes a step: said once, with the fix."""
-        if self._members_ok:
+        completes a step: said once, at the first plan, with the fix."""
+        if self._members_checked:
             return
+        self._members_checked = True
         members = plans.members()
-        self._members_ok = members >= self.world_size
-        if not self._members_ok and not self._warned_members:
-            self._warned_members = True
+        if members < self.world_size:
             log.warning("only %d of the job's %d ranks made a Checkpointer: a step is complete only once every rank "
                         "saved its shard; make one on every rank, or pass world_size=1 on the one rank that saves "
                         "for the job", members, self.world_size)  # fmt: skip
@@ -595,43 +601,38 @@ class Checkpointer:
         return path
 
     def _check_room_on_disk(self, step: int, needed: int) -> None:
-        """Refuse a save the disk cannot hold (the last checkpoint stays whole). On a disk sized for
-        ``keep`` checkpoints, the one this save will replace is removed first: it goes anyway, and
-        the newest one always stays."""
-        try:
-            free = shutil.disk_usage(self.directory).free
-        except OSError:
+        """Refuse a save the disk cannot hold: the last checkpoint stays whole."""
+        free = _free_bytes(self.directory)
+        if free is None:
             return
-        if free >= needed + DISK_MARGIN:
-            return
-        if not self.sharded:  # a rank alone must not remove a step the others still count on
-            # What this save replaces anyway, and damaged checkpoints kept only for a person to look
-            # at: on a disk sized for `keep`, they go first (the newest valid one never does).
-            prune(self.directory, self.keep)  # damaged ones moved aside, so that they are seen as such
-            damaged = damaged_folders(self.directory)
-            replaced = replaced_by_next_save(self.directory, self.keep)
-            reclaimable = sum(folder_bytes(p) for p in damaged + replaced)
-            if (damaged or replaced) and free + reclaimable >= needed + DISK_MARGIN:
-                for path in damaged:
-                    log.warning("%s: not enough room to save step %d: removing %s, kept for inspection",
-                                self.directory, step, path.name)  # fmt: skip
-                    shutil.rmtree(path, ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    free = shutil.disk_usage(self.directory).free
-                if replaced and free < needed + DISK_MARGIN:
-                    log.warning(
-                        "%s: %.1f MB free, a checkpoint takes %.1f MB: removing %s before saving step %d (keep=%d)",
-                        self.directory, free / 1e6, needed / 1e6, ", ".join(p.name for p in replaced), step, self.keep,
-                    )  # fmt: skip
-                    prune(self.directory, max(self.keep - 1, 1))
-                with contextlib.suppress(OSError):
-                    free = shutil.disk_usage(self.directory).free
-                if free >= needed + DISK_MARGIN:
-                    return
-        raise CheckpointError(
-            f"not saving step {step}: {self.directory} has {free / 1e6:.1f} MB free and a checkpoint "
-            f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
-        )
+        if free < needed + DISK_MARGIN and not self.sharded:  # one rank must not remove a step the others count on
+            free = self._make_room(step, free, needed)
+        if free < needed + DISK_MARGIN:
+            raise CheckpointError(
+                f"not saving step {step}: {self.directory} has {free / 1e6:.1f} MB free and a checkpoint "
+                f"takes {needed / 1e6:.1f} MB; the last checkpoint is kept (free space, or keep fewer checkpoints)"
+            )
+
+    def _make_room(self, step: int, free: int, needed: int) -> int:
+        """On a disk sized for ``keep`` checkpoints, damaged ones set aside for inspection and then the
+        one this save replaces anyway go first (the newest valid one never does). The room after."""
+        prune(self.directory, self.keep)  # damaged ones moved aside, so that they are seen as such
+        damaged = damaged_folders(self.directory)
+        replaced = replaced_by_next_save(self.directory, self.keep)
+        if free + sum(folder_bytes(p) for p in damaged + replaced) < needed + DISK_MARGIN:
+            return free
+        for path in damaged:
+            log.warning("%s: no room to save step %d: removing %s, a damaged checkpoint set aside for inspection",
+                        self.directory, step, path.name)  # fmt: skip
+            shutil.rmtree(path, ignore_errors=True)
+        free = _free_bytes(self.directory) or free
+        if free < needed + DISK_MARGIN and replaced:
+            log.warning("%s: %.1f MB free, a checkpoint takes %.1f MB: removing %s before saving step %d (keep=%d)",
+                        self.directory, free / 1e6, needed / 1e6, ", ".join(p.name for p in replaced), step,
+                        self.keep)  # fmt: skip
+            prune(self.directory, max(self.keep - 1, 1))
+            free = _free_bytes(self.directory) or free
+        return free
 
     def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int, tree: bytes) -> bool:
         """Copy the tensors, and the pickled rest of the state after them, into the shared buffer.

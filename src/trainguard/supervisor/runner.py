@@ -31,6 +31,7 @@ from trainguard import causes, progress
 from trainguard._i18n import Text, choose_language
 from trainguard._proc import ProcessRef, catches_signal, start_time
 from trainguard.checkpoint import layouts
+from trainguard.checkpoint._format import folder_bytes
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
@@ -588,7 +589,7 @@ class Supervisor:
             return None
         path = Path(newest)
         try:
-            return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
+            return folder_bytes(path) if path.is_dir() else path.stat().st_size  # a sharded step holds folders
         except OSError:
             return None
 
