@@ -67,10 +67,18 @@ def test_six_concurrent_adopts_leave_one_supervisor_one_job_and_a_consistent_run
 
 def test_a_zombie_supervisor_is_gone_at_once(tmp_path: Path, home: Path) -> None:
     """A supervisor killed under a parent that has not reaped it yet is a zombie: it watches nothing."""
+    said = (tmp_path / "foreground.out").open("w+")
     foreground = subprocess.Popen([sys.executable, "-m", "trainguard", "run", "--name", "z", "--foreground", "--",
-                                   "sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                   "sleep", "300"], stdout=said, stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        run = wait_for(lambda: _running("z"), timeout=90, what="the run to start")
+
+        def started() -> dict | None:
+            if foreground.poll() is not None:  # it will never start: say what it said
+                said.seek(0)
+                raise AssertionError(f"run --foreground exited {foreground.returncode}: {said.read()}")
+            return _running("z")
+
+        run = wait_for(started, timeout=90, what="the run to start")
         os.kill(foreground.pid, signal.SIGKILL)
         wait_for(lambda: Path(f"/proc/{foreground.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
                  what="a zombie")  # fmt: skip
@@ -80,6 +88,7 @@ def test_a_zombie_supervisor_is_gone_at_once(tmp_path: Path, home: Path) -> None
         assert status(run["id"])["supervisor"] == "alive"
     finally:
         foreground.wait()
+        said.close()
 
 
 def _running(name: str) -> dict | None:

@@ -205,3 +205,26 @@ def test_run_references_are_names_ids_or_unique_prefixes_never_wildcards(home: P
 def json_ids(home: Path) -> list[str]:
     with sqlite3.connect(home / "runs.sqlite") as db:
         return [row[0] for row in db.execute("SELECT id FROM runs ORDER BY created_at")]
+
+
+def test_a_second_registry_in_one_process_never_loses_the_first_ones_writes(tmp_path: Path) -> None:
+    """`run --name X --foreground` opens the registry twice in one process. Closing any descriptor
+    of the database drops every POSIX lock the process holds on it (SQLite's own warning): another
+    command that then opened and closed the registry took itself for the last user and deleted the
+    WAL the supervisor was still writing into; its attempt and state never reached the disk and
+    `status` showed a run starting forever (CI saw it as a test waiting 90 s)."""
+    from trainguard.store.registry import Attempt, Registry
+
+    state = tmp_path / "state"
+    first = Registry(state)
+    run = first.create_run(["sleep", "1"], name="z", cwd="/", options={})
+    Registry(state).get(run.id)  # the second one, in this process
+    other = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                            "from trainguard.store.registry import Registry; Registry(Path(sys.argv[1])).all()",
+                            str(state)], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    first.start_attempt(run.id, Attempt(n=1, started_at=time.time(), pid=12345))
+    first.set_state(run.id, "failed")
+    with contextlib.closing(sqlite3.connect(state / "runs.sqlite")) as reader:  # what any other command reads
+        assert reader.execute("SELECT state, job_pid FROM runs").fetchall() == [("failed", 12345)]
+        assert reader.execute("SELECT n FROM attempts").fetchall() == [(1,)]

@@ -27,10 +27,10 @@ def test_the_typical_gap_is_the_median_so_one_pause_does_not_stretch_it() -> Non
     assert typical_gap([7200.0 + 1200, 0.0, 600.0, 1200.0, 7200.0 + 600, 7200.0]) == 600.0
 
 
-def _age(path: Path, seconds_ago: float) -> None:
-    """Make a checkpoint look written ``seconds_ago``: a file's modification time, or for a
-    Checkpointer folder the time its manifest records (what the checkpoint reader trusts)."""
-    when = time.time() - seconds_ago
+def _age(path: Path, seconds_ago: float, now: float | None = None) -> None:
+    """Make a checkpoint look written ``seconds_ago`` (before ``now``): a file's modification time, or
+    for a Checkpointer folder the time its manifest records (what the checkpoint reader trusts)."""
+    when = (time.time() if now is None else now) - seconds_ago
     manifest = path / "manifest.json"
     if manifest.exists():
         record = json.loads(manifest.read_text())
@@ -45,11 +45,13 @@ def test_checkpoint_times_of_checkpointer_folders_newest_first(tmp_path: Path) -
     for step in range(4):
         ckpt.save({"step": step}, step)
         ckpt.wait()
+    ckpt.close()  # the writer prunes after each save; a manifest rewritten under it reads as damaged
     (folder / "step-000000000009").mkdir()  # renamed but its manifest never written: not complete
     saved = sorted(p for p in folder.iterdir() if (p / "manifest.json").exists())
     assert len(saved) == 4
+    now = time.time()
     for index, path in enumerate(saved):  # as if saved every 10 minutes, the newest 5 minutes ago
-        _age(path, 300 + 600 * (len(saved) - 1 - index))
+        _age(path, 300 + 600 * (len(saved) - 1 - index), now)
     times = checkpoint_times(str(folder), None)
     assert len(times) == 4 and times == sorted(times, reverse=True)
     assert time.time() - times[0] == pytest.approx(300, abs=5)

@@ -205,14 +205,19 @@ def _private_dir(path: Path) -> None:
 
 
 def _private_file(path: Path) -> None:
-    """Create ``path`` empty with mode 0600 if missing; tighten an existing one of ours to 0600."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Create ``path`` empty with mode 0600 if missing; tighten an existing one of ours to 0600.
+
+    An existing database is never opened here: closing any descriptor of it drops every POSIX lock
+    this process holds on it, those of its open SQLite connections too, and the next command to
+    close the database would take itself for its last user and delete the WAL they write into."""
     try:
-        info = os.fstat(fd)
-        if info.st_mode & 0o077 and info.st_uid == os.geteuid():
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        return
+    except FileExistsError:
+        pass
+    info = path.stat()
+    if info.st_mode & 0o077 and info.st_uid == os.geteuid():
+        path.chmod(0o600)
 
 
 class Registry:
