@@ -155,6 +155,7 @@ def test_a_job_on_a_terminal_that_closes_dies_of_sighup(tmp_path: Path) -> None:
     job = "import time\nfor step in range(10_000):\n    print('step', step, flush=True)\n    time.sleep(0.05)"
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child: the job, its terminal the pty, its output to the log
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a login shell, even where the tests run under nohup
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)

@@ -26,6 +26,7 @@ def test_a_job_started_from_a_terminal_survives_the_terminal_closing(tmp_path: P
     job = script(tmp_path, "ticker.py", TICKER)
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child: an SSH session's shell running trainguard
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a login shell, even where the tests run under nohup
         os.execvpe(sys.executable, [sys.executable, "-m", "trainguard", "run", "--", sys.executable, job], os.environ)
     output = b""
     while b"status:" not in output:
