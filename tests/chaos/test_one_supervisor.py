@@ -3,6 +3,7 @@ a recorded pid taken by another process, `stop` of a run whose supervisor is gon
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -95,8 +96,6 @@ def _running(name: str) -> dict | None:
     listed = tg("status", name, "--json")
     if listed.returncode != 0:
         return None
-    import json
-
     info = json.loads(listed.stdout)
     return info if info["state"] == "running" and info["pid"] else None
 
@@ -164,3 +163,47 @@ def json_ps() -> list[dict]:
     import json
 
     return json.loads(tg("ps", "--json").stdout)
+
+
+# Creates a run the way `trainguard run --name w` does, and waits for a line before starting its
+# supervisor: the moment every other command meets a run that is starting and not yet watched.
+SLOW_STARTER = """
+import signal, sys
+from trainguard.supervisor import service
+
+signal.signal(signal.SIGTERM, lambda *_: None)  # as `run` does while it holds the lock for its supervisor
+registry, record, lock = service.create_run(["sleep", "300"], name="w", options={})
+print(record.id, flush=True)
+sys.stdin.readline()
+started = service.start_detached(registry, record, lock=lock)
+print(started.state, flush=True)
+"""
+
+
+def test_a_run_still_starting_is_never_taken_for_one_whose_supervisor_died(tmp_path: Path, home: Path) -> None:
+    """Between the record of a new run and its supervisor, `run --name`, `adopt` and `stop` found a run
+    with nobody holding its lock: they adopted it (two supervisors, a record deleted under a live job)
+    or stopped it unwatched (the job started anyway, unrecorded). The creator holds the lock from
+    before the record is visible and hands it to the supervisor."""
+    starter = subprocess.Popen([sys.executable, "-c", SLOW_STARTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    try:
+        run_id = starter.stdout.readline().strip()
+        assert run_id, "the starter did not create its run"
+        again = tg("run", "--name", "w", "--", "sleep", "300")
+        assert again.returncode == 2 and "already watched" in again.stderr, again.stdout + again.stderr
+        adopted = tg("adopt", "w")
+        assert adopted.returncode == 2 and "already watched" in adopted.stderr, adopted.stdout + adopted.stderr
+        stopped = tg("stop", "w", "--no-wait")
+        assert stopped.returncode == 0, stopped.stderr
+        starter.stdin.write("go\n")
+        starter.stdin.flush()
+        assert starter.stdout.readline().strip() == "stopped"
+    finally:
+        starter.kill()
+        starter.wait()
+    final = status(run_id)
+    assert final["state"] == "stopped" and final["attempts"] == [], final
+    assert [run["id"] for run in json.loads(tg("ps", "--json").stdout)] == [run_id]
+    assert supervisors_of(run_id) == []
+

@@ -101,6 +101,41 @@ def test_stop_works_on_a_full_state_disk(tmp_path: Path, monkeypatch) -> None:
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=15, what="the job to be stopped")
 
 
+def test_a_run_that_ends_on_a_full_state_disk_is_recorded_once_there_is_room(tmp_path: Path, monkeypatch) -> None:
+    """The supervisor's last records (the attempt's end, the verdict) are their only copy: it waits for
+    room instead of leaving with them, which left the run 'running' for good."""
+    if reason := faults.why_no_root():
+        pytest.skip(f"a small tmpfs: {reason}")
+    with faults.small_tmpfs(tmp_path / "state", "2m") as home:
+        monkeypatch.setenv("TRAINGUARD_HOME", str(home))
+        beacon = tmp_path / "beacon"
+        job = script(tmp_path, "dies.py", f"""
+            import pathlib, sys, time
+            pathlib.Path({str(beacon)!r}).write_text("up")
+            while not pathlib.Path({str(beacon)!r} + ".go").exists():
+                time.sleep(0.05)
+            sys.exit(3)
+        """)
+        foreground = subprocess.Popen([sys.executable, "-m", "trainguard", "run", "--foreground", "--name", "f",
+                                       "--restart", "never", "--", sys.executable, job],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            wait_for(beacon.exists, what="the job")
+            filler = _fill(home)
+            Path(str(beacon) + ".go").write_text("")  # the job dies while nothing can be written
+            time.sleep(3)
+            assert foreground.poll() is None, "the supervisor left with the run's end unwritten"
+            filler.unlink()
+            assert foreground.wait(timeout=30) != 0
+        finally:
+            foreground.kill()
+        final = status("f")
+        assert final["state"] == "failed", final
+        assert final["attempts"][0]["exit_code"] == 3
+        said = foreground.stderr.read()
+        assert "waits and writes them" in said and "can be written again" in said, said
+
+
 def test_a_read_only_registry_is_a_one_line_error(tmp_path: Path, monkeypatch) -> None:
     if reason := faults.why_no_root():
         pytest.skip(f"a tmpfs remounted read-only: {reason}")

@@ -3,6 +3,7 @@ alive and look after it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -10,6 +11,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -367,20 +369,38 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         options.setdefault("checkpoint_dir", record.options["checkpoint_dir"])
         registry.update_run(record.id, command=list(command), cwd=cwd, options=options)
         return _continue(registry, record.id, foreground=foreground, follow=follow, finish=finish)
-    registry, record = service.create_run(list(command), name=name, options=options)
+    registry, record, lock = service.create_run(list(command), name=name, options=options)
     if foreground:
         click.echo(_say(f"trainguard: run {record.id}, log {record.log_path}",
                         f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
-        return finish(registry, record.id, service.supervise_run(record.id, registry=registry))
+        return finish(registry, record.id, service.supervise_run(record.id, registry=registry, lock=lock))
     try:
-        started = service.start_detached(registry, record)
+        with _stop_waits_for_the_supervisor():
+            started = service.start_detached(registry, record, lock=lock)
     except Exception:
-        registry.delete_run(record.id)  # it never ran: no record, no folder
+        service.forget_if_never_started(registry, record.id)
         raise
+    if RunState(started.state) in TERMINAL_STATES:  # `trainguard stop` came while it was starting
+        reason = started.reason_in(choose_language(None, os.environ))
+        click.echo(_say(f"run {started.id}: {started.state}", f"运行 {started.id}：{_STATE_ZH[started.state]}")
+                   + (f" ({reason})" if reason else ""))  # fmt: skip
+        return 0
     _started_message(started, list(command))
     if follow:
         _follow(registry, started, started.attempts[0].n if started.attempts else None)
     return 0
+
+
+@contextlib.contextmanager
+def _stop_waits_for_the_supervisor() -> Iterator[None]:
+    """While this command holds a new run's lock for its supervisor, `trainguard stop` finds this
+    process as the holder and signals it: the stop is recorded in the registry, where the supervisor
+    reads it as it starts, so the signal must not kill this process first."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _under_slurm() -> bool:
@@ -772,9 +792,15 @@ def stop(ref: str, wait: bool, grace: float | None) -> int:
             raise UsageError(f"run {run_record.id} is already being stopped", f"运行 {run_record.id} 已在停止中")
     except RegistryError as exc:  # a full state disk: the stop still happens, with the run's own grace
         click.echo(f"trainguard: warning: {exc.message(choose_language(None, os.environ))}", err=True)
+    # The holder now, after the request: a supervisor that took the run over from the command that
+    # created it (the holder read above) has read the request or gets this signal.
+    holder = service.watched_by(run_record) or holder
     if not holder.signal(signal.SIGTERM):
         registry.request_stop(run_record.id, grace_s, replace_stale=True)
-        what = service.stop_unwatched(registry, run_record, grace_s)  # its supervisor died a moment ago
+        try:
+            what = service.stop_unwatched(registry, run_record, grace_s)  # its supervisor died a moment ago
+        except AlreadyWatched:  # or a supervisor took the run over a moment ago: the request reaches it
+            return _wait_stopped(registry, run_record, grace_s, wait)
         click.echo(_say(f"run {run_record.id}: stopped ({what.en})", f"运行 {run_record.id}：已停止（{what.zh}）"))
         return 0
     return _wait_stopped(registry, run_record, grace_s, wait)

@@ -302,8 +302,18 @@ class Registry:
 
     # ------------------------------------------------------------------ runs
     @_registry_errors
-    def create_run(self, command: list[str], *, name: str | None, cwd: str, options: dict[str, Any]) -> Run:
-        """A new run; refused (NameInUse) while another active run has the same name."""
+    def create_run(
+        self,
+        command: list[str],
+        *,
+        name: str | None,
+        cwd: str,
+        options: dict[str, Any],
+        before_visible: Callable[[str, Path], None] | None = None,
+    ) -> Run:
+        """A new run; refused (NameInUse) while another active run has the same name.
+        ``before_visible(run_id, run_dir)`` runs once its folder exists and before any other process
+        can see the record (the creator takes the run's supervisor lock there)."""
         run_id = None
         run_dir = None
         try:
@@ -322,6 +332,8 @@ class Registry:
                 run_dir = self.state_dir / "runs" / run_id
                 _private_dir(run_dir.parent)
                 run_dir.mkdir(mode=0o700)
+                if before_visible is not None:
+                    before_visible(run_id, run_dir)
                 run = Run(
                     id=run_id,
                     name=name,

@@ -94,6 +94,23 @@ class Journal:
             self._failing_since = None
         return True
 
+    def drain(self, give_up: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> bool:
+        """At the end of the run: write what is waiting, however long the registry takes to work
+        again (this process holds the only copy). Told once; ``give_up`` (a stop signal) ends the
+        wait. Whether everything was written."""
+        if self.flush(force=True):
+            return True
+        _report(
+            f"run {self.run.id} has ended ({self.run.state}) but its last records cannot be written yet; "
+            "this supervisor waits and writes them as soon as the state folder can be written (stop it to give up)"
+        )
+        while not give_up():
+            sleep(RETRY_EVERY_S)
+            if self.flush(force=True):
+                return True
+        _report(f"run {self.run.id}: gave up writing its last records; the registry does not show how it ended")
+        return False
+
     def _recreate(self) -> None:
         """The state folder (or the database) was removed under the run: make it anew and put the
         run back, so it stays visible to `trainguard ps`."""

@@ -37,11 +37,31 @@ def _read_holder(fd: int) -> ProcessRef | None:
 
 
 class SupervisorLock:
-    """Held by the process that supervises (or, briefly, stops) a run."""
+    """Held by the process that supervises (or, briefly, stops) a run, and by the command that creates
+    a run from before its record is visible until its supervisor holds the same lock (handed over
+    with the descriptor: a flock belongs to the open file, not to a process)."""
 
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, taken_at: float | None = None) -> None:
         self._fd = fd
         self.path = path
+        self.taken_at = time.time() if taken_at is None else taken_at  # requests older than this were for others
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @classmethod
+    def inherit(cls, fd: int, run_dir: str | os.PathLike[str], taken_at: float) -> SupervisorLock:
+        """The lock the creating command took and handed to this process (``fd``, held since
+        ``taken_at``): this process is its holder now."""
+        lock = cls(fd, Path(run_dir) / LOCK_NAME, taken_at)
+        lock._write_holder()
+        return lock
+
+    def _write_holder(self) -> None:
+        pid = os.getpid()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{pid} {start_time(pid) or ''}\n".encode(), 0)
 
     @classmethod
     def acquire(
@@ -60,10 +80,9 @@ class SupervisorLock:
                     os.close(fd)
                     raise AlreadyWatched(run_id, holder) from None
                 time.sleep(0.02)
-        pid = os.getpid()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{pid} {start_time(pid) or ''}\n".encode(), 0)
-        return cls(fd, path)
+        lock = cls(fd, path)
+        lock._write_holder()
+        return lock
 
     def still_ours(self) -> bool:
         """False once the lock file was deleted or replaced under us (the state folder removed)."""

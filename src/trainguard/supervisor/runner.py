@@ -127,6 +127,7 @@ class Supervisor:
         self.sleep = sleep
         self.state = RunState(run.state)
         self.stop_requested: int | None = None
+        self._stop_signals = 0  # how many came, the one that ended the run included
         self.save_requested: int | None = None  # a save request not yet passed on to the job
         self._save_request_new = False
         self.history: list[Outcome] = []
@@ -151,9 +152,19 @@ class Supervisor:
         # A stop signal wakes the wait below at once (the handler itself only records it).
         self._wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wakeup_write)
+        # One that came while the supervisor was starting (blocked until now) is delivered here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self.stop_requested = signum
+        self._stop_signals += 1
+
+    def write_what_is_left(self) -> None:
+        """The run has ended: the records the registry could not take (a full state disk) are the
+        only account of how, so this process stays until they are written; a stop signal that
+        comes during the wait gives up."""
+        signals_before = self._stop_signals
+        self.journal.drain(give_up=lambda: self._stop_signals > signals_before, sleep=self.sleep)
 
     def _on_save_signal(self, signum: int, _frame: object) -> None:
         self.save_requested = signum
@@ -193,7 +204,12 @@ class Supervisor:
         self.subreaper = become_subreaper()
         pid = os.getpid()
         self.journal.update(supervisor_pid=pid, supervisor_start=start_time(pid))
-        self.journal.clear_stop_request()  # a request addressed to an earlier supervisor is stale
+        request = self.journal.stop_request()
+        if request is not None and self.lock is not None and float(request.get("time", 0)) >= self.lock.taken_at:
+            # `stop` asked while this start was under way (of the command that held the lock then)
+            self.stop_requested = signal.SIGTERM
+        else:
+            self.journal.clear_stop_request()  # a request addressed to an earlier supervisor is stale
         default_scanner()  # compile the signatures now, not between a death and the restart
         Path(self.options.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.monitor = RunMonitor(

@@ -107,14 +107,29 @@ def options_record(**values: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def create_run(command: list[str], *, name: str | None, options: dict[str, Any]) -> tuple[Registry, Run]:
+def create_run(
+    command: list[str], *, name: str | None, options: dict[str, Any]
+) -> tuple[Registry, Run, run_lock.SupervisorLock]:
+    """A new run, and its supervisor lock: taken before any other command can see the run, so that
+    none takes a run still starting for one whose supervisor died (`run --name`, `adopt`, `stop`).
+    The caller hands the lock to the supervisor (``supervise_run``, ``start_detached``)."""
     registry = Registry(state_dir())
-    run = registry.create_run(command, name=name, cwd=os.getcwd(), options=options)
-    if not options.get("checkpoint_dir"):
-        options["checkpoint_dir"] = str(Path(run.run_dir) / "checkpoints")
-        registry.update_run(run.id, options=json.dumps(options))
-        run.options = options
-    return registry, run
+    held: list[run_lock.SupervisorLock] = []
+
+    def hold(run_id: str, run_dir: Path) -> None:
+        held.append(run_lock.SupervisorLock.acquire(run_dir, run_id, patience_s=0))
+
+    try:
+        run = registry.create_run(command, name=name, cwd=os.getcwd(), options=options, before_visible=hold)
+        if not options.get("checkpoint_dir"):
+            options["checkpoint_dir"] = str(Path(run.run_dir) / "checkpoints")
+            registry.update_run(run.id, options=json.dumps(options))
+            run.options = options
+    except BaseException:
+        for lock in held:
+            lock.release()
+        raise
+    return registry, run, held[0]
 
 
 # ---------------------------------------------------------------------------------------------- supervising
@@ -183,16 +198,21 @@ def supervise_run(
     restart: bool = False,
     handshake_fd: int | None = None,
     on_started: Callable[[Run], None] | None = None,
+    lock: run_lock.SupervisorLock | None = None,
+    handed_lock: tuple[int, float] | None = None,
 ) -> int:
-    """Supervise a run until it ends; the exit status is the run's verdict (DESIGN section 5)."""
+    """Supervise a run until it ends; the exit status is the run's verdict (DESIGN section 5).
+    ``lock``: the run's supervisor lock, already held here; ``handed_lock``: its descriptor and the
+    time it was taken, handed to this process by the command that created the run."""
     handshake = Handshake(handshake_fd)
-    lock = None
     try:
         registry = registry or Registry(state_dir())
         run = registry.get(run_id)
         if run is None:
             raise UsageError(f"no run {run_id}", f"没有运行 {run_id}")
-        lock = run_lock.SupervisorLock.acquire(run.run_dir, run.id)
+        if lock is None and handed_lock is not None:
+            lock = run_lock.SupervisorLock.inherit(handed_lock[0], run.run_dir, handed_lock[1])
+        lock = lock or run_lock.SupervisorLock.acquire(run.run_dir, run.id)
         run = registry.get(run_id)  # read again under the lock: another supervisor may have changed it
         state = RunState(run.state)
         if adopt and state in TERMINAL_STATES:
@@ -212,6 +232,7 @@ def supervise_run(
                 on_started(current)
 
         final = supervisor.supervise(adopt=adopt, on_started=started)
+        supervisor.write_what_is_left()
     except TrainguardError as exc:
         if not handshake.pending and handshake_fd is not None:
             raise
@@ -234,9 +255,27 @@ def supervise_run(
     )
 
 
-def start_detached(registry: Registry, run: Run, *, adopt: bool = False, restart: bool = False) -> Run:
+def start_detached(
+    registry: Registry,
+    run: Run,
+    *,
+    adopt: bool = False,
+    restart: bool = False,
+    lock: run_lock.SupervisorLock | None = None,
+) -> Run:
     """Start the run's supervisor in a session of its own and wait for its handshake: back comes the
-    run with its job started, or the supervisor's one-line error (raised here)."""
+    run with its job started, or the supervisor's one-line error (raised here). ``lock``, the run's
+    supervisor lock held here, goes to the supervisor with its descriptor: the run is never unheld."""
+    try:
+        return _start_detached(registry, run, adopt=adopt, restart=restart, lock=lock)
+    finally:
+        if lock is not None:
+            lock.release()  # this process's copy: the supervisor's keeps the lock
+
+
+def _start_detached(
+    registry: Registry, run: Run, *, adopt: bool, restart: bool, lock: run_lock.SupervisorLock | None
+) -> Run:
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     log_path = Path(run.run_dir) / "supervisor.log"
     try:
@@ -244,6 +283,8 @@ def start_detached(registry: Registry, run: Run, *, adopt: bool = False, restart
     except OSError:
         log = open(os.devnull, "wb")  # noqa: SIM115 - a full state disk must not stop the start
     flags = (["--adopt"] if adopt else []) + (["--restart"] if restart else [])
+    if lock is not None:
+        flags += ["--lock-fd", str(lock.fd), "--lock-since", repr(lock.taken_at)]
     try:
         process = _spawn_supervisor(
             [sys.executable, "-m", "trainguard.supervisor", run.id, "--handshake", str(write_fd), *flags],
@@ -252,7 +293,7 @@ def start_detached(registry: Registry, run: Run, *, adopt: bool = False, restart
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=run.cwd if os.path.isdir(run.cwd) else "/",
-            pass_fds=(write_fd,),
+            pass_fds=(write_fd,) if lock is None else (write_fd, lock.fd),
         )
     except OSError as exc:
         os.close(read_fd)
@@ -266,6 +307,8 @@ def start_detached(registry: Registry, run: Run, *, adopt: bool = False, restart
     finally:
         os.close(read_fd)
     if message is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)  # the pipe closed as it exited: it is reaped in a moment
         if process.poll() is None:
             raise TrainguardError(
                 f"the supervisor of run {run.id} has not answered in {HANDSHAKE_TIMEOUT_S:g} s; see {log_path}",
@@ -317,6 +360,15 @@ def _last_line(path: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- watched or not
+def forget_if_never_started(registry: Registry, run_id: str) -> None:
+    """After a start that failed: the run's record and folder go, unless a job was started for it or
+    a supervisor holds it now (one that answered too late is still watching its job)."""
+    run = registry.get(run_id)
+    if run is None or run.attempts or watched_by(run) is not None:
+        return
+    registry.delete_run(run_id)
+
+
 def watched_by(run: Run) -> ProcessRef | None:
     """The supervisor holding the run's lock, or None."""
     return run_lock.holder(run.run_dir)
