@@ -54,6 +54,7 @@ class SupervisorLock:
     def inherit(cls, fd: int, run_dir: str | os.PathLike[str], taken_at: float) -> SupervisorLock:
         """The lock the creating command took and handed to this process (``fd``, held since
         ``taken_at``): this process is its holder now."""
+        os.set_inheritable(fd, False)  # the job and anything else this process starts must not hold it
         lock = cls(fd, Path(run_dir) / LOCK_NAME, taken_at)
         lock._write_holder()
         return lock
