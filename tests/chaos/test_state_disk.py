@@ -263,3 +263,21 @@ def test_a_second_registry_in_one_process_never_loses_the_first_ones_writes(tmp_
     with contextlib.closing(sqlite3.connect(state / "runs.sqlite")) as reader:  # what any other command reads
         assert reader.execute("SELECT state, job_pid FROM runs").fetchall() == [("failed", 12345)]
         assert reader.execute("SELECT n FROM attempts").fetchall() == [(1,)]
+
+
+def test_a_registry_another_process_is_creating_is_waited_for_not_refused(tmp_path: Path) -> None:
+    """Two commands opening a new registry together: one writes it (still in rollback-journal mode)
+    while the other switches it to WAL and makes its tables, statements that take their write lock
+    inside a read and so were refused at once ("database is locked", exit 2) instead of waiting."""
+    state = tmp_path / "state"
+    state.mkdir()
+    with contextlib.closing(sqlite3.connect(state / "runs.sqlite", isolation_level=None)) as writer:
+        writer.execute("CREATE TABLE unrelated (x)")
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("INSERT INTO unrelated VALUES (1)")
+        opener = subprocess.Popen([sys.executable, "-m", "trainguard", "ps"], env={**os.environ, "TRAINGUARD_HOME": str(state)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(1.5)
+        writer.execute("COMMIT")
+    _, said = opener.communicate(timeout=60)
+    assert opener.returncode == 0, said

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -197,6 +198,34 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+_SCHEMA_OBJECTS = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS ([a-z_]+)", SCHEMA))
+
+
+def _schema_is_current(db: sqlite3.Connection) -> bool:
+    """Every table, index and column this version uses exists."""
+    if not _SCHEMA_OBJECTS.issubset(row["name"] for row in db.execute("SELECT name FROM sqlite_master")):
+        return False
+    for table, columns in MIGRATIONS.items():
+        if not set(columns) <= {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}:
+            return False
+    return True
+
+
+def _use_wal(db: sqlite3.Connection, patience_s: float = 30.0) -> None:
+    """Switch the database to WAL, which takes a write lock inside the pragma's own read: SQLite
+    then answers "database is locked" at once, without the busy timeout, while another process
+    writes (two commands opening a new registry together), so it is tried again here."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _private_dir(path: Path) -> None:
     """Create ``path`` (and parents) 0700, or tighten it to 0700 when it exists and is ours."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -245,13 +274,21 @@ class Registry:
                 if extra.stat().st_mode & 0o077 and extra.stat().st_uid == os.geteuid():
                     extra.chmod(0o600)
         with self._connect() as db:
-            db.executescript(SCHEMA)
+            if _schema_is_current(db):  # read only: a read-only registry can still be read
+                return
+        # Made, or brought up to date, in one write transaction taken at once: a statement that reads
+        # and then writes (CREATE TABLE IF NOT EXISTS) upgrades its read lock, and SQLite refuses that
+        # upgrade at once, without waiting, while another process writes: two commands opening a new
+        # registry together failed with "database is locked".
+        with self._transaction() as db:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
             for table, columns in MIGRATIONS.items():
                 have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
                 for column, kind in columns.items():
                     if column not in have:
-                        with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-                            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -261,7 +298,7 @@ class Registry:
             db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=False)
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA journal_mode=WAL")
+            _use_wal(db)
             # In WAL mode NORMAL never corrupts the database; a power cut may lose the last few
             # events, and each state change stops costing an fsync.
             db.execute("PRAGMA synchronous=NORMAL")
