@@ -3,6 +3,7 @@ a recorded pid taken by another process, `stop` of a run whose supervisor is gon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -207,3 +208,70 @@ def test_a_run_still_starting_is_never_taken_for_one_whose_supervisor_died(tmp_p
     assert [run["id"] for run in json.loads(tg("ps", "--json").stdout)] == [run_id]
     assert supervisors_of(run_id) == []
 
+
+
+def _kill_at_first_child(home: Path, killed: list[int]) -> None:
+    """SIGKILL the supervisor of ``home`` the moment it has a child: the job just forked, not yet recorded."""
+    deadline = time.monotonic() + 30
+    supervisor = None
+    while time.monotonic() < deadline and supervisor is None:
+        for entry in Path("/proc").iterdir():
+            try:
+                if (entry.name.isdigit() and b"trainguard.supervisor" in (entry / "cmdline").read_bytes()
+                        and str(home).encode() in (entry / "environ").read_bytes()):  # fmt: skip
+                    supervisor = int(entry.name)
+                    break
+            except OSError:
+                continue
+    while supervisor is not None and time.monotonic() < deadline:
+        try:
+            children = "".join((task / "children").read_text() for task in Path(f"/proc/{supervisor}/task").iterdir())
+        except OSError:
+            return
+        if children.split():
+            os.kill(supervisor, signal.SIGKILL)
+            killed.append(supervisor)
+            return
+
+
+def test_a_supervisor_killed_as_it_forks_the_job_leaves_no_job_behind(home: Path) -> None:
+    """Killed between starting the job and recording it, the supervisor left a job nobody knew of:
+    `run` reported the failed start and forgot the run, and nothing could stop the job any more."""
+    import threading
+
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_at_first_child, args=(home, killed))
+    killer.start()
+    started = tg("run", "--name", "k", "--", "sleep", "300")
+    killer.join()
+    if not killed:
+        pytest.skip("the supervisor's fork was not caught in time")
+    assert started.returncode != 0, started.stdout
+
+    def jobs_left() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                ours = entry.name.isdigit() and f"TRAINGUARD_HOME={home}".encode() in (entry / "environ").read_bytes()
+                if ours and b"sleep" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+        return found
+
+    assert jobs_left() == [], "a job was left running with no run to stop it"
+    assert json.loads(tg("ps", "--json").stdout) == []
+
+
+def test_the_job_does_not_inherit_the_supervisors_deafness_to_sighup(tmp_path: Path, home: Path) -> None:
+    """The supervisor ignores SIGHUP; a job it started inherited that (SIG_IGN survives exec), so a job
+    that reloads or stops on SIGHUP could not be told."""
+    marker = tmp_path / "sigign"
+    job = script(tmp_path, "job.py", f"""
+        import pathlib, time
+        status = pathlib.Path("/proc/self/status").read_text()
+        pathlib.Path({str(marker)!r}).write_text(status.split("SigIgn:")[1].split()[0])
+        time.sleep(300)
+    """)
+    run_id = run_id_from(tg("run", "--", sys.executable, job).stdout)
+    wait_for(marker.exists, what="the job")
+    assert int(marker.read_text(), 16) & 1 == 0, f"SIGHUP ignored in the job (SigIgn {marker.read_text()})"
+    assert tg("stop", run_id, "--grace", "1s").returncode == 0

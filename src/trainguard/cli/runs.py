@@ -367,40 +367,58 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
     if earlier is not None:  # an ended run of this name: continue it in place, with this command
         registry, record = earlier
         options.setdefault("checkpoint_dir", record.options["checkpoint_dir"])
-        registry.update_run(record.id, command=list(command), cwd=cwd, options=options)
-        return _continue(registry, record.id, foreground=foreground, follow=follow, finish=finish)
-    registry, record, lock = service.create_run(list(command), name=name, options=options)
-    if foreground:
-        click.echo(_say(f"trainguard: run {record.id}, log {record.log_path}",
-                        f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
-        return finish(registry, record.id, service.supervise_run(record.id, registry=registry, lock=lock))
-    try:
-        with _stop_waits_for_the_supervisor():
+        return _continue(registry, record.id, foreground=foreground, follow=follow, finish=finish,
+                         command=list(command), cwd=cwd, options=options)  # fmt: skip
+    with _stop_signals_wait_for_the_supervisor(swallow=not foreground):
+        registry, record, lock = service.create_run(list(command), name=name, options=options)
+        if foreground:
+            click.echo(_say(f"trainguard: run {record.id}, log {record.log_path}",
+                            f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
+            return finish(registry, record.id, service.supervise_run(record.id, registry=registry, lock=lock))
+        try:
             started = service.start_detached(registry, record, lock=lock)
-    except Exception:
-        service.forget_if_never_started(registry, record.id)
-        raise
+        except BaseException:
+            service.forget_if_never_started(registry, record.id)
+            raise
+    _report_start(registry, started, follow=follow)
+    return 0
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _stop_signals_wait_for_the_supervisor(*, swallow: bool) -> Iterator[None]:
+    """While this command holds a run's lock for its supervisor, `trainguard stop` finds this process
+    as the holder and signals it, and Ctrl+C may come: the stop is recorded in the registry, where the
+    supervisor reads it as it starts, so neither may end this process half-way (a run left starting
+    with nobody holding it). They wait, blocked, for the supervisor's handlers (``swallow=False``: the
+    supervisor runs here and unblocks them itself) or are dropped once it has started."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        if swallow:
+            previous = {signum: signal.signal(signum, lambda *_: None) for signum in STOP_SIGNALS}
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        else:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _report_start(registry: Registry, started: Run, *, follow: bool, continued: bool = False) -> None:
     if RunState(started.state) in TERMINAL_STATES:  # `trainguard stop` came while it was starting
         reason = started.reason_in(choose_language(None, os.environ))
         click.echo(_say(f"run {started.id}: {started.state}", f"运行 {started.id}：{_STATE_ZH[started.state]}")
                    + (f" ({reason})" if reason else ""))  # fmt: skip
-        return 0
-    _started_message(started, list(command))
+        return
+    if continued:
+        _started_message(started, started.command, "continued", "已继续")
+    else:
+        _started_message(started, started.command)
     if follow:
-        _follow(registry, started, started.attempts[0].n if started.attempts else None)
-    return 0
-
-
-@contextlib.contextmanager
-def _stop_waits_for_the_supervisor() -> Iterator[None]:
-    """While this command holds a new run's lock for its supervisor, `trainguard stop` finds this
-    process as the holder and signals it: the stop is recorded in the registry, where the supervisor
-    reads it as it starts, so the signal must not kill this process first."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        _follow(registry, started, started.attempts[-1].n if started.attempts else None)
 
 
 def _under_slurm() -> bool:
@@ -457,17 +475,20 @@ class _Finish:
                             f"trainguard：警告：无法写入终止日志 {path}：{exc.strerror or exc}"), err=True)  # fmt: skip
 
 
-def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool, finish: _Finish | None = None) -> int:
-    record = registry.get(run_id)
-    if foreground:
-        click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
-                        f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
-        verdict = service.supervise_run(run_id, registry=registry, restart=True)
-        return (finish or _Finish())(registry, run_id, verdict)
-    started = service.start_detached(registry, record, restart=True)
-    _started_message(started, started.command, "continued", "已继续")
-    if follow:
-        _follow(registry, started, started.attempts[-1].n if started.attempts else None)
+def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool, finish: _Finish | None = None,
+              **changes: Any) -> int:  # fmt: skip
+    """Continue an ended run in place (with ``changes`` to its command, cwd, options): its lock is
+    taken here and handed to its supervisor, so that nothing meets it unheld while it starts."""
+    with _stop_signals_wait_for_the_supervisor(swallow=not foreground):
+        lock = service.prepare_continue(registry, run_id, **changes)
+        record = registry.get(run_id)
+        if foreground:
+            click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
+                            f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
+            verdict = service.supervise_run(run_id, registry=registry, restart=True, lock=lock)
+            return (finish or _Finish())(registry, run_id, verdict)
+        started = service.start_detached(registry, record, restart=True, lock=lock)
+    _report_start(registry, started, follow=follow, continued=True)
     return 0
 
 
@@ -773,6 +794,7 @@ def _follow(registry: Registry, record: Run, attempt_n: int | None = None, posit
               help="Time between the stop signal and SIGKILL (default: the run's --grace).")  # fmt: skip
 def stop(ref: str, wait: bool, grace: float | None) -> int:
     """Stop a run: its stop signal, the grace period for a checkpoint, then SIGKILL."""
+    asked = time.time()
     registry = _registry()
     run_record = registry.resolve(ref)
     if RunState(run_record.state) in TERMINAL_STATES:
@@ -784,7 +806,7 @@ def stop(ref: str, wait: bool, grace: float | None) -> int:
         try:
             what = service.stop_unwatched(registry, run_record, grace_s)
         except AlreadyWatched:  # another `stop` (or an adopt) got there first: wait for its outcome
-            return _wait_stopped(registry, run_record, grace_s, wait)
+            return _wait_stopped(registry, run_record, grace_s, wait, asked)
         click.echo(_say(f"run {run_record.id}: stopped ({what.en})", f"运行 {run_record.id}：已停止（{what.zh}）"))
         return 0
     try:
@@ -800,13 +822,27 @@ def stop(ref: str, wait: bool, grace: float | None) -> int:
         try:
             what = service.stop_unwatched(registry, run_record, grace_s)  # its supervisor died a moment ago
         except AlreadyWatched:  # or a supervisor took the run over a moment ago: the request reaches it
-            return _wait_stopped(registry, run_record, grace_s, wait)
+            return _wait_stopped(registry, run_record, grace_s, wait, asked)
         click.echo(_say(f"run {run_record.id}: stopped ({what.en})", f"运行 {run_record.id}：已停止（{what.zh}）"))
         return 0
-    return _wait_stopped(registry, run_record, grace_s, wait)
+    return _wait_stopped(registry, run_record, grace_s, wait, asked)
 
 
-def _wait_stopped(registry: Registry, run_record: Run, grace_s: float, wait: bool) -> int:
+def _ended_since(registry: Registry, run_id: str, since: float) -> str | None:
+    """The state the run ended in after ``since``, if it ended then (it may have been continued since)."""
+    try:
+        events = registry.events(run_id)
+    except RegistryError:
+        return None
+    terminal = {state.value for state in TERMINAL_STATES}
+    for event in events:
+        state = event["kind"].removeprefix("state:")
+        if event["kind"].startswith("state:") and event["time"] >= since and state in terminal:
+            return state
+    return None
+
+
+def _wait_stopped(registry: Registry, run_record: Run, grace_s: float, wait: bool, asked: float) -> int:
     if not wait:
         return 0
     deadline = time.monotonic() + grace_s + 30
@@ -816,6 +852,11 @@ def _wait_stopped(registry: Registry, run_record: Run, grace_s: float, wait: boo
             reason = current.reason_in(choose_language(None, os.environ))
             click.echo(_say(f"run {current.id}: {current.state}", f"运行 {current.id}：{_STATE_ZH[current.state]}")
                        + (f" ({reason})" if reason else ""))  # fmt: skip
+            return 0
+        ended = _ended_since(registry, current.id, asked)
+        if ended is not None:  # and was continued again by a command that came after this one
+            click.echo(_say(f"run {current.id}: {ended}, then continued again by a later command (now {current.state})",
+                            f"运行 {current.id}：{_STATE_ZH[ended]}，随后又被之后的命令继续（现在 {current.state}）"))  # fmt: skip
             return 0
         time.sleep(0.2)
     click.echo(_say(f"run {run_record.id}: still stopping", f"运行 {run_record.id}：仍在停止中"), err=True)

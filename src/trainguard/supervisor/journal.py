@@ -101,8 +101,8 @@ class Journal:
         if self.flush(force=True):
             return True
         _report(
-            f"run {self.run.id} has ended ({self.run.state}) but its last records cannot be written yet; "
-            "this supervisor waits and writes them as soon as the state folder can be written (stop it to give up)"
+            f"run {self.run.id} has ended ({self.run.state}) but its last records cannot be written yet; this "
+            "supervisor waits and writes them as soon as the state folder can be written (two stop signals give up)"
         )
         while not give_up():
             sleep(RETRY_EVERY_S)

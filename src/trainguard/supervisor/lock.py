@@ -61,8 +61,9 @@ class SupervisorLock:
 
     def _write_holder(self) -> None:
         pid = os.getpid()
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{pid} {start_time(pid) or ''}\n".encode(), 0)
+        holder = f"{pid} {start_time(pid) or ''}\n".encode()
+        os.pwrite(self._fd, holder, 0)  # then cut what a longer one left: never read empty
+        os.ftruncate(self._fd, len(holder))
 
     @classmethod
     def acquire(

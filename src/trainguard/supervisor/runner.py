@@ -144,7 +144,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is no reason to stop
+        # A closed terminal is no reason to stop. Not SIG_IGN: the job would inherit it through exec
+        # and could not be told anything with SIGHUP (a handler is reset to the default there).
+        signal.signal(signal.SIGHUP, lambda *_: None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
         # A pre-timeout signal (`sbatch --signal=B:USR1@120`) asks the job to save, not the run to stop.
@@ -161,10 +163,10 @@ class Supervisor:
 
     def write_what_is_left(self) -> None:
         """The run has ended: the records the registry could not take (a full state disk) are the
-        only account of how, so this process stays until they are written; a stop signal that
-        comes during the wait gives up."""
+        only account of how, so this process stays until they are written. One stop signal during
+        the wait is a `trainguard stop` that has nothing left to stop; a second one gives up."""
         signals_before = self._stop_signals
-        self.journal.drain(give_up=lambda: self._stop_signals > signals_before, sleep=self.sleep)
+        self.journal.drain(give_up=lambda: self._stop_signals >= signals_before + 2, sleep=self.sleep)
 
     def _on_save_signal(self, signum: int, _frame: object) -> None:
         self.save_requested = signum
@@ -228,9 +230,9 @@ class Supervisor:
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
         while True:
             if self.stop_requested is not None:
-                self._started()
                 self._stop_grace()
                 self._transition(RunState.STOPPED, Text("stopped on request before the attempt started", "在尝试开始前按请求停止"))
+                self._started()  # after the state: the command that started the run reports it stopped
                 return self.state
             if adopt and self.run.attempts and self.run.attempts[-1].ended_at is None:
                 outcome, attempt = self._adopt_attempt(self.run.attempts[-1])

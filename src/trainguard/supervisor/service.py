@@ -118,13 +118,10 @@ def create_run(
 
     def hold(run_id: str, run_dir: Path) -> None:
         held.append(run_lock.SupervisorLock.acquire(run_dir, run_id, patience_s=0))
+        options.setdefault("checkpoint_dir", str(run_dir / "checkpoints"))  # in the record from its first moment
 
     try:
         run = registry.create_run(command, name=name, cwd=os.getcwd(), options=options, before_visible=hold)
-        if not options.get("checkpoint_dir"):
-            options["checkpoint_dir"] = str(Path(run.run_dir) / "checkpoints")
-            registry.update_run(run.id, options=json.dumps(options))
-            run.options = options
     except BaseException:
         for lock in held:
             lock.release()
@@ -205,6 +202,7 @@ def supervise_run(
     ``lock``: the run's supervisor lock, already held here; ``handed_lock``: its descriptor and the
     time it was taken, handed to this process by the command that created the run."""
     handshake = Handshake(handshake_fd)
+    prepared = lock is not None or handed_lock is not None
     try:
         registry = registry or Registry(state_dir())
         run = registry.get(run_id)
@@ -217,7 +215,7 @@ def supervise_run(
         state = RunState(run.state)
         if adopt and state in TERMINAL_STATES:
             raise UsageError(f"run {run.id} has ended ({run.state})", f"运行 {run.id} 已结束（{run.state}）")
-        if restart:
+        if restart and not prepared:  # else the command that handed over the lock marked it starting
             if state not in TERMINAL_STATES:
                 raise UsageError(f"run {run.id} is still {run.state}", f"运行 {run.id} 仍在{run.state}")
             registry.set_state(run.id, RunState.STARTING.value, reason=Text("continued in place", "原地继续"),
@@ -315,9 +313,9 @@ def _start_detached(
                 f"运行 {run.id} 的监督进程 {HANDSHAKE_TIMEOUT_S:g} 秒内没有回应；见 {log_path}",
             )
         last = _last_line(log_path)
-        raise TrainguardError(
-            f"the supervisor of run {run.id} exited while starting" + (f": {last}" if last else f"; see {log_path}"),
-            f"运行 {run.id} 的监督进程在启动时退出" + (f"：{last}" if last else f"；见 {log_path}"),
+        raise TrainguardError(  # its log may go with a run that never started: what it said is quoted here
+            f"the supervisor of run {run.id} exited while starting" + (f": {last}" if last else " without a word"),
+            f"运行 {run.id} 的监督进程在启动时退出" + (f"：{last}" if last else "，没有留下任何信息"),
         )
     if not message.get("ok"):
         error = UsageError(message.get("en", "the supervisor could not start"), message.get("zh"))
@@ -360,13 +358,49 @@ def _last_line(path: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- watched or not
+def prepare_continue(registry: Registry, run_id: str, **changes: Any) -> run_lock.SupervisorLock:
+    """Take an ended run's lock and mark it starting again (with ``changes`` to its command, cwd,
+    options), for the supervisor that continues it in place: a `stop` from now on is its business."""
+    run = registry.get(run_id)
+    if run is None:
+        raise UsageError(f"no run {run_id}", f"没有运行 {run_id}")
+    lock = run_lock.SupervisorLock.acquire(run.run_dir, run.id)
+    try:
+        run = registry.get(run_id)
+        if RunState(run.state) not in TERMINAL_STATES:
+            raise UsageError(f"run {run.id} is still {run.state}", f"运行 {run.id} 仍在{run.state}")
+        if changes:
+            registry.update_run(run.id, **changes)
+        registry.set_state(run.id, RunState.STARTING.value, reason=Text("continued in place", "原地继续"),
+                           data={"restart": True})  # fmt: skip
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def forget_if_never_started(registry: Registry, run_id: str) -> None:
-    """After a start that failed: the run's record and folder go, unless a job was started for it or
-    a supervisor holds it now (one that answered too late is still watching its job)."""
+    """After a start that failed: the run's record and folder go, unless an attempt was recorded or a
+    supervisor holds it now (one that answered too late is still watching its job). A job its
+    supervisor started but did not live to record (killed between the two) goes first: nobody was
+    told of it, and nothing could stop it once its record is gone."""
     run = registry.get(run_id)
     if run is None or run.attempts or watched_by(run) is not None:
         return
+    for process in _processes_of_run(run_id):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
     registry.delete_run(run_id)
+
+
+def _processes_of_run(run_id: str) -> list[psutil.Process]:
+    """Processes started for the run: each attempt's job and its children carry TRAINGUARD_RUN_ID."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.environ().get("TRAINGUARD_RUN_ID") == run_id:
+                found.append(process)
+    return found
 
 
 def watched_by(run: Run) -> ProcessRef | None:
