@@ -275,3 +275,24 @@ def test_the_job_does_not_inherit_the_supervisors_deafness_to_sighup(tmp_path: P
     wait_for(marker.exists, what="the job")
     assert int(marker.read_text(), 16) & 1 == 0, f"SIGHUP ignored in the job (SigIgn {marker.read_text()})"
     assert tg("stop", run_id, "--grace", "1s").returncode == 0
+
+
+def test_a_continuation_that_fails_to_start_leaves_the_run_as_it_was(home: Path) -> None:
+    """`restart` marks the run starting under its lock before its supervisor starts; a supervisor
+    killed as it forks the job must leave the run ended as before, not 'starting' with nobody."""
+    import threading
+
+    run_id = run_id_from(tg("run", "--name", "k", "--", "sleep", "300").stdout)
+    assert tg("stop", run_id, "--grace", "1s").returncode == 0
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_at_first_child, args=(home, killed))
+    killer.start()
+    continued = tg("restart", "k")
+    killer.join()
+    if not killed:
+        pytest.skip("the supervisor's fork was not caught in time")
+    assert continued.returncode != 0, continued.stdout
+    final = status(run_id)
+    assert final["state"] == "stopped" and len(final["attempts"]) == 1, final
+    assert tg("restart", "k").returncode == 0  # and it can be continued again
+    assert tg("stop", run_id, "--grace", "1s").returncode == 0

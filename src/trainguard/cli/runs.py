@@ -480,14 +480,19 @@ def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool
     """Continue an ended run in place (with ``changes`` to its command, cwd, options): its lock is
     taken here and handed to its supervisor, so that nothing meets it unheld while it starts."""
     with _stop_signals_wait_for_the_supervisor(swallow=not foreground):
+        before = registry.get(run_id)
         lock = service.prepare_continue(registry, run_id, **changes)
         record = registry.get(run_id)
-        if foreground:
-            click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
-                            f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
-            verdict = service.supervise_run(run_id, registry=registry, restart=True, lock=lock)
-            return (finish or _Finish())(registry, run_id, verdict)
-        started = service.start_detached(registry, record, restart=True, lock=lock)
+        try:
+            if foreground:
+                click.echo(_say(f"trainguard: continuing run {run_id}, log {record.log_path}",
+                                f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
+                verdict = service.supervise_run(run_id, registry=registry, restart=True, lock=lock)
+                return (finish or _Finish())(registry, run_id, verdict)
+            started = service.start_detached(registry, record, restart=True, lock=lock)
+        except BaseException:
+            service.undo_continue_if_never_started(registry, before)
+            raise
     _report_start(registry, started, follow=follow, continued=True)
     return 0
 

@@ -379,6 +379,21 @@ def prepare_continue(registry: Registry, run_id: str, **changes: Any) -> run_loc
     return lock
 
 
+def undo_continue_if_never_started(registry: Registry, before: Run) -> None:
+    """After a continuation that failed to start: the run ends as it was (marked starting by
+    ``prepare_continue``), unless an attempt was recorded or a supervisor holds it now; a job started
+    but not recorded goes first (see ``forget_if_never_started``)."""
+    run = registry.get(before.id)
+    if run is None or len(run.attempts) > len(before.attempts) or watched_by(run) is not None:
+        return
+    if RunState(run.state) in TERMINAL_STATES:  # a stop ended it before its attempt
+        return
+    for process in _processes_of_run(run.id):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    registry.set_state(run.id, before.state, reason=Text("it could not be continued", "无法继续运行"))
+
+
 def forget_if_never_started(registry: Registry, run_id: str) -> None:
     """After a start that failed: the run's record and folder go, unless an attempt was recorded or a
     supervisor holds it now (one that answered too late is still watching its job). A job its
