@@ -388,9 +388,7 @@ def undo_continue_if_never_started(registry: Registry, before: Run) -> None:
         return
     if RunState(run.state) in TERMINAL_STATES:  # a stop ended it before its attempt
         return
-    for process in _processes_of_run(run.id):
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+    _kill_unrecorded_jobs(run.id)
     registry.set_state(run.id, before.state, reason=Text("it could not be continued", "无法继续运行"))
 
 
@@ -402,20 +400,17 @@ def forget_if_never_started(registry: Registry, run_id: str) -> None:
     run = registry.get(run_id)
     if run is None or run.attempts or watched_by(run) is not None:
         return
-    for process in _processes_of_run(run_id):
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+    _kill_unrecorded_jobs(run_id)
     registry.delete_run(run_id)
 
 
-def _processes_of_run(run_id: str) -> list[psutil.Process]:
-    """Processes started for the run: each attempt's job and its children carry TRAINGUARD_RUN_ID."""
-    found = []
+def _kill_unrecorded_jobs(run_id: str) -> None:
+    """Kill what was started for a run whose start failed before an attempt was recorded: each job
+    and its children carry TRAINGUARD_RUN_ID (a run's earlier attempts have all ended by then)."""
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
             if process.environ().get("TRAINGUARD_RUN_ID") == run_id:
-                found.append(process)
-    return found
+                process.kill()
 
 
 def watched_by(run: Run) -> ProcessRef | None:
