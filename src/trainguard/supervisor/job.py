@@ -72,6 +72,18 @@ def job_argv(command: tuple[str, ...], resume_arg: str | None, resume_from: str 
     return argv
 
 
+# The job waits at this gate, reading its stdin, until its supervisor has recorded it: a supervisor
+# killed between starting a job and recording it leaves no job that nobody knows of (the gate reads
+# end of file and the command never runs). Then stdin is /dev/null again, as a detached job's is.
+_GATE = 'IFS= read -r go && [ "$go" = go ] || exit 125; exec </dev/null; exec "$@"'
+GATE_OPEN = b"go\n"
+
+
+def gated_argv(argv: list[str]) -> list[str]:
+    """``argv`` behind the start gate (a shell that becomes the command: its pid is the job's)."""
+    return ["/bin/sh", "-c", _GATE, "trainguard-gate", *argv]
+
+
 @dataclass(frozen=True)
 class ResumeChoice:
     path: str | None  # the newest complete checkpoint, or None

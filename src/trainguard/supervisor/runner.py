@@ -46,7 +46,15 @@ from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.supervisor import launchers
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.containment import Containment, become_subreaper, contain, stop_gracefully
-from trainguard.supervisor.job import JobOptions, choose_resume, find_resume, job_argv, job_environment
+from trainguard.supervisor.job import (
+    GATE_OPEN,
+    JobOptions,
+    choose_resume,
+    find_resume,
+    gated_argv,
+    job_argv,
+    job_environment,
+)
 from trainguard.supervisor.journal import Journal
 from trainguard.supervisor.lock import AlreadyWatched, SupervisorLock
 from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
@@ -330,42 +338,50 @@ class Supervisor:
         self._point_output_log(attempt_log_name(n))
         containment = contain(f"trainguard-{self.run.id}-{n}", opts.memory_limit, subreaper=self.subreaper)
         kernel_tail = kernel_log.KernelTail()  # opened before the job starts: none of its records are missed
-        argv = containment.join_argv(job_argv(opts.command, opts.resume_arg, resume_from))
+        argv = gated_argv(containment.join_argv(job_argv(opts.command, opts.resume_arg, resume_from)))
+        gate_read, gate_write = os.pipe2(os.O_CLOEXEC)
         started_wall = time.time()
         try:
             process = subprocess.Popen(
                 argv,
                 cwd=opts.cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=gate_read,
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,  # its own session: no terminal's SIGHUP reaches it
             )
         except OSError:
             os.close(read_fd)
+            os.close(gate_write)
             containment.remove()
             kernel_tail.close()
             raise
         finally:
             os.close(log_fd)
-        job = ProcessRef(process.pid, start_time(process.pid))
-        containment.job = job
-        attempt = Attempt(
-            n=n,
-            started_at=started_wall,
-            pid=process.pid,
-            pid_start=job.start,
-            resumed_from=resume_from,
-            log_path=log_file,
-            containment=containment.to_record(),
-            skipped=list(choice.skipped) or None,
-        )
-        if self.state is RunState.BACKOFF:
-            self._transition(RunState.STARTING)
-        self.journal.update(containment=containment.description)
-        self.journal.start_attempt(attempt)
-        self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
+            os.close(gate_read)
+        try:  # the job waits at its gate until it is recorded; if recording fails it never runs
+            job = ProcessRef(process.pid, start_time(process.pid))
+            containment.job = job
+            attempt = Attempt(
+                n=n,
+                started_at=started_wall,
+                pid=process.pid,
+                pid_start=job.start,
+                resumed_from=resume_from,
+                log_path=log_file,
+                containment=containment.to_record(),
+                skipped=list(choice.skipped) or None,
+            )
+            if self.state is RunState.BACKOFF:
+                self._transition(RunState.STARTING)
+            self.journal.update(containment=containment.description)
+            self.journal.start_attempt(attempt)
+            self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
+            with contextlib.suppress(OSError):  # a gate nobody reads: the job died already, it is watched
+                os.write(gate_write, GATE_OPEN)
+        finally:
+            os.close(gate_write)
         self._started()
         watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail,
                               launch_record=launch_record)  # fmt: skip
