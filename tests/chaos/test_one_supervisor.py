@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -210,100 +211,82 @@ def test_a_run_still_starting_is_never_taken_for_one_whose_supervisor_died(tmp_p
 
 
 
-def _kill_at_first_child(home: Path, killed: list[int]) -> None:
-    """SIGKILL the supervisor of ``home`` the moment it has a child: the job just forked, not yet recorded."""
-    deadline = time.monotonic() + 30
-    supervisor = None
-    while time.monotonic() < deadline and supervisor is None:
-        for entry in Path("/proc").iterdir():
-            try:
-                if (entry.name.isdigit() and b"trainguard.supervisor" in (entry / "cmdline").read_bytes()
-                        and str(home).encode() in (entry / "environ").read_bytes()):  # fmt: skip
-                    supervisor = int(entry.name)
-                    break
-            except OSError:
-                continue
-    while supervisor is not None and time.monotonic() < deadline:
-        try:
-            children = "".join((task / "children").read_text() for task in Path(f"/proc/{supervisor}/task").iterdir())
-        except OSError:
-            return
-        if children.split():
-            os.kill(supervisor, signal.SIGKILL)
-            killed.append(supervisor)
-            return
-
-
-def test_a_supervisor_killed_as_it_forks_the_job_leaves_no_job_behind(home: Path) -> None:
-    """Killed between starting the job and recording it, the supervisor left a job nobody knew of:
-    `run` reported the failed start and forgot the run, and nothing could stop the job any more
-    (under load, 11 of 15 tries). The job now waits at a gate until it is recorded: killed before,
-    it never runs; killed after, its run knows it and `stop` ends it."""
-    import threading
-
-    killed: list[int] = []
-    killer = threading.Thread(target=_kill_at_first_child, args=(home, killed))
-    killer.start()
-    started = tg("run", "--name", "k", "--", "sleep", "300")
-    killer.join()
-    if not killed:
-        pytest.skip("the supervisor's fork was not caught in time")
-
-    def jobs_left() -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            with contextlib.suppress(OSError):
-                ours = entry.name.isdigit() and f"TRAINGUARD_HOME={home}".encode() in (entry / "environ").read_bytes()
-                if ours and b"sleep" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-        return found
-
-    runs = json.loads(tg("ps", "--json").stdout)
-    if not runs:  # killed before the job was recorded: the job never ran
-        assert started.returncode != 0, started.stdout
-        wait_for(lambda: jobs_left() == [], timeout=5, what="the unrecorded job to go (it was left running)")
-        return
-    # Killed after (the killer came late): the job is its run's, `run` said so, and `stop` ends it.
-    recorded = status("k")["pid"]
-    assert started.returncode == 0 or "adopt" in started.stderr, started.stderr
-    assert jobs_left() == [recorded]
-    assert tg("stop", "k").returncode == 0
-    wait_for(lambda: jobs_left() == [], timeout=10, what="the job to end with its run")
-
-
-# A supervisor held between starting the job and recording it (its registry write does not return):
-# the moment a SIGKILL to the supervisor used to leave a job nobody knew of.
-HELD_BEFORE_THE_RECORD = """
-import os, sys
-from trainguard.supervisor import service
+# Put on PYTHONPATH, it holds every supervisor of the test between starting its job and recording
+# it (the registry write never returns) and tells the test its pid: a kill lands in that gap each time.
+HOLD_BEFORE_THE_RECORD = """
+import os, time
 from trainguard.supervisor.journal import Journal
 
 def held(self, attempt):
-    print(attempt.pid, flush=True)
-    sys.stdin.readline()
+    with open(os.environ["HELD_SUPERVISOR_FILE"] + ".part", "w") as out:
+        out.write(str(os.getpid()))
+    os.rename(os.environ["HELD_SUPERVISOR_FILE"] + ".part", os.environ["HELD_SUPERVISOR_FILE"])
+    time.sleep(3600)
 
 Journal.start_attempt = held
-registry, record, lock = service.create_run(sys.argv[1:], name="held", options={})
-service.supervise_run(record.id, registry=registry, lock=lock)
 """
+
+
+def _tg_killing_the_supervisor_before_it_records_the_job(
+    tmp_path: Path, *args: str, while_held: Callable[[], None] = lambda: None
+) -> subprocess.CompletedProcess:
+    """``trainguard *args``, whose supervisor is SIGKILLed after it started the job, before it recorded
+    it (``while_held`` runs in that gap)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(HOLD_BEFORE_THE_RECORD)
+    held = tmp_path / "held-supervisor"
+    held.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+               HELD_SUPERVISOR_FILE=str(held))  # fmt: skip
+    command = subprocess.Popen([sys.executable, "-m", "trainguard", *args], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for(held.exists, what="the supervisor to start the job")
+        while_held()
+        os.kill(int(held.read_text()), signal.SIGKILL)
+        stdout, stderr = command.communicate(timeout=60)
+    finally:
+        command.kill()
+    return subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
+
+
+def _jobs_left(home: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            ours = entry.name.isdigit() and f"TRAINGUARD_HOME={home}".encode() in (entry / "environ").read_bytes()
+            if ours and b"sleep" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_supervisor_killed_as_it_starts_the_job_leaves_no_job_behind(tmp_path: Path, home: Path) -> None:
+    """Killed between starting the job and recording it, the supervisor left a job nobody knew of:
+    `run` reported the failed start and forgot the run, and nothing could stop the job any more."""
+    started = _tg_killing_the_supervisor_before_it_records_the_job(tmp_path, "run", "--name", "k", "--", "sleep", "300")
+    assert started.returncode != 0, started.stdout
+    assert "exited while starting" in started.stderr and started.stderr.count("\n") == 1, started.stderr
+    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
+    assert json.loads(tg("ps", "--json").stdout) == []
 
 
 def test_the_job_never_runs_before_its_supervisor_has_recorded_it(tmp_path: Path, home: Path) -> None:
     """Its command runs only once its attempt is in the registry: a supervisor killed before that
-    leaves nothing running (the job ran at once, unrecorded, and only a search of every process's
-    environment could find it; one still between fork and exec escaped that too)."""
+    leaves nothing that ran (the job ran at once, unrecorded, and only a search of every process's
+    environment could find it; one still between fork and exec escaped that too: CI's failure)."""
     marker = tmp_path / "ran"
-    supervisor = subprocess.Popen([sys.executable, "-c", HELD_BEFORE_THE_RECORD, "sh", "-c", f"touch {marker}; sleep 300"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        job = int(supervisor.stdout.readline())
+
+    def before_the_kill() -> None:
         time.sleep(1.0)
         assert not marker.exists(), "the job ran before it was recorded"
-        assert alive(job)
-    finally:
-        supervisor.kill()
-        supervisor.wait()
-    wait_for(lambda: not alive(job), timeout=5, what="the unrecorded job to end with its supervisor")
+
+    started = _tg_killing_the_supervisor_before_it_records_the_job(
+        tmp_path, "run", "--", "sh", "-c", f"touch {marker}; sleep 300", while_held=before_the_kill
+    )
+    assert started.returncode != 0
+    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go")
+    time.sleep(0.5)
     assert not marker.exists()
 
 
@@ -323,22 +306,15 @@ def test_the_job_does_not_inherit_the_supervisors_deafness_to_sighup(tmp_path: P
     assert tg("stop", run_id, "--grace", "1s").returncode == 0
 
 
-def test_a_continuation_that_fails_to_start_leaves_the_run_as_it_was(home: Path) -> None:
+def test_a_continuation_that_fails_to_start_leaves_the_run_as_it_was(tmp_path: Path, home: Path) -> None:
     """`restart` marks the run starting under its lock before its supervisor starts; a supervisor
-    killed as it forks the job must leave the run ended as before, not 'starting' with nobody."""
-    import threading
-
+    killed as it starts the job must leave the run ended as before, not 'starting' with nobody."""
     run_id = run_id_from(tg("run", "--name", "k", "--", "sleep", "300").stdout)
     assert tg("stop", run_id, "--grace", "1s").returncode == 0
-    killed: list[int] = []
-    killer = threading.Thread(target=_kill_at_first_child, args=(home, killed))
-    killer.start()
-    continued = tg("restart", "k")
-    killer.join()
-    if not killed:
-        pytest.skip("the supervisor's fork was not caught in time")
+    continued = _tg_killing_the_supervisor_before_it_records_the_job(tmp_path, "restart", "k")
     assert continued.returncode != 0, continued.stdout
     final = status(run_id)
     assert final["state"] == "stopped" and len(final["attempts"]) == 1, final
+    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
     assert tg("restart", "k").returncode == 0  # and it can be continued again
     assert tg("stop", run_id, "--grace", "1s").returncode == 0

@@ -229,8 +229,11 @@ def test_run_references_are_names_ids_or_unique_prefixes_never_wildcards(home: P
         assert done.returncode == 2 and "no run" in done.stderr
     run_id = json_ids(home)[0]
     assert tg("status", run_id[:3]).returncode == 0
-    for _ in range(40):  # enough runs that two ids share a first character
-        tg("run", "--foreground", "--", "true")
+    from trainguard.store.registry import Registry
+
+    more = Registry(home)
+    for _ in range(40):  # enough runs that two ids share a first character (ids as `run` makes them)
+        more.set_state(more.create_run(["true"], name=None, cwd="/", options={}).id, "succeeded")
     ids = json_ids(home)
     shared = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)
     ambiguous = tg("status", shared)

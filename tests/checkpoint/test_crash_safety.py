@@ -20,7 +20,7 @@ from trainguard import Checkpointer
 
 # 50 in the suite; benchmarks/crash_safety.sh runs hundreds through the same test.
 # A few kills in the quick tier, fifty in the slower one (TRAINGUARD_CRASH_KILLS overrides both).
-QUICK_KILLS, SLOW_KILLS = 15, 50
+QUICK_KILLS, SLOW_KILLS = 8, 50
 KEEP = 3
 
 TRAINER = """
