@@ -211,38 +211,44 @@ def test_a_run_still_starting_is_never_taken_for_one_whose_supervisor_died(tmp_p
 
 
 
-# Put on PYTHONPATH, it holds every supervisor of the test between starting its job and recording
-# it (the registry write never returns) and tells the test its pid: a kill lands in that gap each time.
-HOLD_BEFORE_THE_RECORD = """
+# Put on PYTHONPATH, it holds every supervisor of the test at one moment, HOLD_AT: between starting
+# its job and recording it ("record": the registry write never returns), or after recording it and
+# before answering the command that started it ("answer"); it tells the test its pid, so that a kill
+# lands in that gap each time.
+HOLD_SUPERVISOR = """
 import os, time
 from trainguard.supervisor.journal import Journal
+from trainguard.supervisor.service import Handshake
 
-def held(self, attempt):
+def held(*args, **kwargs):
     with open(os.environ["HELD_SUPERVISOR_FILE"] + ".part", "w") as out:
         out.write(str(os.getpid()))
     os.rename(os.environ["HELD_SUPERVISOR_FILE"] + ".part", os.environ["HELD_SUPERVISOR_FILE"])
     time.sleep(3600)
 
-Journal.start_attempt = held
+if os.environ["HOLD_AT"] == "record":
+    Journal.start_attempt = held
+else:
+    Handshake.started = held
 """
 
 
-def _tg_killing_the_supervisor_before_it_records_the_job(
-    tmp_path: Path, *args: str, while_held: Callable[[], None] = lambda: None
+def _tg_killing_the_supervisor(
+    tmp_path: Path, *args: str, at: str = "record", while_held: Callable[[], None] = lambda: None
 ) -> subprocess.CompletedProcess:
-    """``trainguard *args``, whose supervisor is SIGKILLed after it started the job, before it recorded
-    it (``while_held`` runs in that gap)."""
+    """``trainguard *args``, whose supervisor is SIGKILLed held at ``at`` (see HOLD_SUPERVISOR);
+    ``while_held`` runs before the kill."""
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
-    (hooks / "sitecustomize.py").write_text(HOLD_BEFORE_THE_RECORD)
+    (hooks / "sitecustomize.py").write_text(HOLD_SUPERVISOR)
     held = tmp_path / "held-supervisor"
     held.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-               HELD_SUPERVISOR_FILE=str(held))  # fmt: skip
+               HELD_SUPERVISOR_FILE=str(held), HOLD_AT=at)  # fmt: skip
     command = subprocess.Popen([sys.executable, "-m", "trainguard", *args], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        wait_for(held.exists, what="the supervisor to start the job")
+        wait_for(held.exists, what="the supervisor to reach the moment it is held at")
         while_held()
         os.kill(int(held.read_text()), signal.SIGKILL)
         stdout, stderr = command.communicate(timeout=60)
@@ -264,11 +270,24 @@ def _jobs_left(home: Path) -> list[int]:
 def test_a_supervisor_killed_as_it_starts_the_job_leaves_no_job_behind(tmp_path: Path, home: Path) -> None:
     """Killed between starting the job and recording it, the supervisor left a job nobody knew of:
     `run` reported the failed start and forgot the run, and nothing could stop the job any more."""
-    started = _tg_killing_the_supervisor_before_it_records_the_job(tmp_path, "run", "--name", "k", "--", "sleep", "300")
+    started = _tg_killing_the_supervisor(tmp_path, "run", "--name", "k", "--", "sleep", "300")
     assert started.returncode != 0, started.stdout
     assert "exited while starting" in started.stderr and started.stderr.count("\n") == 1, started.stderr
     wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
     assert json.loads(tg("ps", "--json").stdout) == []
+
+
+def test_a_supervisor_killed_after_recording_the_job_leaves_a_run_that_knows_it(tmp_path: Path, home: Path) -> None:
+    """Killed after the job is recorded and before `run` is answered: `run` says so and how to go
+    on; the job is the run's, `adopt` watches it again and `stop` ends it."""
+    started = _tg_killing_the_supervisor(tmp_path, "run", "--name", "k", "--", "sleep", "300", at="answer")
+    assert started.returncode != 0 and "trainguard adopt" in started.stderr, started.stderr
+    [job] = _jobs_left(home)
+    assert status("k")["pid"] == job
+    assert tg("adopt", "k").returncode == 0
+    assert tg("stop", "k", "--grace", "1s").returncode == 0
+    wait_for(lambda: _jobs_left(home) == [], timeout=10, what="the job to end with its run")
+    assert status("k")["state"] == "stopped"
 
 
 def test_the_job_never_runs_before_its_supervisor_has_recorded_it(tmp_path: Path, home: Path) -> None:
@@ -281,7 +300,7 @@ def test_the_job_never_runs_before_its_supervisor_has_recorded_it(tmp_path: Path
         time.sleep(1.0)
         assert not marker.exists(), "the job ran before it was recorded"
 
-    started = _tg_killing_the_supervisor_before_it_records_the_job(
+    started = _tg_killing_the_supervisor(
         tmp_path, "run", "--", "sh", "-c", f"touch {marker}; sleep 300", while_held=before_the_kill
     )
     assert started.returncode != 0
@@ -311,7 +330,7 @@ def test_a_continuation_that_fails_to_start_leaves_the_run_as_it_was(tmp_path: P
     killed as it starts the job must leave the run ended as before, not 'starting' with nobody."""
     run_id = run_id_from(tg("run", "--name", "k", "--", "sleep", "300").stdout)
     assert tg("stop", run_id, "--grace", "1s").returncode == 0
-    continued = _tg_killing_the_supervisor_before_it_records_the_job(tmp_path, "restart", "k")
+    continued = _tg_killing_the_supervisor(tmp_path, "restart", "k")
     assert continued.returncode != 0, continued.stdout
     final = status(run_id)
     assert final["state"] == "stopped" and len(final["attempts"]) == 1, final

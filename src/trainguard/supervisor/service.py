@@ -314,12 +314,12 @@ def _start_detached(
             )
         current = registry.get(run.id)
         if current is not None and len(current.attempts) > len(run.attempts):
-            raise TrainguardError(  # killed after recording its job: the job runs on, known to its run
-                f"the supervisor of run {run.id} died after starting its job (pid {current.attempts[-1].pid}), "
-                f"which runs on unwatched: `trainguard adopt {run.id}` watches it again, "
-                f"`trainguard stop {run.id}` ends it",
-                f"运行 {run.id} 的监督进程在启动作业（pid {current.attempts[-1].pid}）后退出，作业仍在运行但无人监督："
-                f"`trainguard adopt {run.id}` 重新监督，`trainguard stop {run.id}` 结束它",
+            job = current.attempts[-1].pid
+            raise TrainguardError(  # killed after recording its job: the run knows the job, nobody watches it
+                f"the supervisor of run {run.id} died after starting its job (pid {job}): "
+                f"`trainguard adopt {run.id}` watches the job again, `trainguard stop {run.id}` ends it",
+                f"运行 {run.id} 的监督进程在启动作业（pid {job}）后退出："
+                f"`trainguard adopt {run.id}` 重新监督该作业，`trainguard stop {run.id}` 结束它",
             )
         last = _last_line(log_path)
         raise TrainguardError(  # its log may go with a run that never started: what it said is quoted here
