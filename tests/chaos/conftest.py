@@ -31,6 +31,41 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def supervisors_of(run_id: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not alive(int(entry.name)):
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainguard.supervisor" in argv and run_id.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def sleeping_jobs(home: Path) -> list[int]:
+    """Live `sleep` processes started with the state folder ``home``: the jobs of these tests."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            ours = entry.name.isdigit() and f"TRAINGUARD_HOME={home}".encode() in (entry / "environ").read_bytes()
+            if ours and b"sleep" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def env_with_hook(tmp_path: Path, code: str, **variables: str) -> dict[str, str]:
+    """An environment whose Python processes (the supervisor among them) run ``code`` as they start
+    (a sitecustomize on PYTHONPATH): it picks the moment a real fault strikes inside the supervisor."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(code)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **variables)
+
+
 @pytest.fixture
 def cleanup_pids() -> Iterator[list[int]]:
     """Pids (process groups) a test started outside trainguard: killed whatever the outcome."""

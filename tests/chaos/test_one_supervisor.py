@@ -3,7 +3,6 @@ a recorded pid taken by another process, `stop` of a run whose supervisor is gon
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -15,24 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import alive
+from tests.chaos.conftest import alive, env_with_hook, sleeping_jobs, supervisors_of
 from tests.real.runs import run_id_from, script, status, tg, wait_for
 
 pytestmark = pytest.mark.real
-
-
-def supervisors_of(run_id: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not alive(int(entry.name)):
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"trainguard.supervisor" in argv and run_id.encode() in argv:
-            found.append(int(entry.name))
-    return found
 
 
 def supervisor_pid(run_id: str) -> int:
@@ -238,13 +223,9 @@ def _tg_killing_the_supervisor(
 ) -> subprocess.CompletedProcess:
     """``trainguard *args``, whose supervisor is SIGKILLed held at ``at`` (see HOLD_SUPERVISOR);
     ``while_held`` runs before the kill."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir(exist_ok=True)
-    (hooks / "sitecustomize.py").write_text(HOLD_SUPERVISOR)
     held = tmp_path / "held-supervisor"
     held.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-               HELD_SUPERVISOR_FILE=str(held), HOLD_AT=at)  # fmt: skip
+    env = env_with_hook(tmp_path, HOLD_SUPERVISOR, HELD_SUPERVISOR_FILE=str(held), HOLD_AT=at)
     command = subprocess.Popen([sys.executable, "-m", "trainguard", *args], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
@@ -257,23 +238,13 @@ def _tg_killing_the_supervisor(
     return subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
 
 
-def _jobs_left(home: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            ours = entry.name.isdigit() and f"TRAINGUARD_HOME={home}".encode() in (entry / "environ").read_bytes()
-            if ours and b"sleep" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_supervisor_killed_as_it_starts_the_job_leaves_no_job_behind(tmp_path: Path, home: Path) -> None:
     """Killed between starting the job and recording it, the supervisor left a job nobody knew of:
     `run` reported the failed start and forgot the run, and nothing could stop the job any more."""
     started = _tg_killing_the_supervisor(tmp_path, "run", "--name", "k", "--", "sleep", "300")
     assert started.returncode != 0, started.stdout
     assert "exited while starting" in started.stderr and started.stderr.count("\n") == 1, started.stderr
-    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
+    wait_for(lambda: sleeping_jobs(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
     assert json.loads(tg("ps", "--json").stdout) == []
 
 
@@ -282,12 +253,22 @@ def test_a_supervisor_killed_after_recording_the_job_leaves_a_run_that_knows_it(
     on; the job is the run's, `adopt` watches it again and `stop` ends it."""
     started = _tg_killing_the_supervisor(tmp_path, "run", "--name", "k", "--", "sleep", "300", at="answer")
     assert started.returncode != 0 and "trainguard adopt" in started.stderr, started.stderr
-    [job] = _jobs_left(home)
+    [job] = sleeping_jobs(home)
     assert status("k")["pid"] == job
     assert tg("adopt", "k").returncode == 0
     assert tg("stop", "k", "--grace", "1s").returncode == 0
-    wait_for(lambda: _jobs_left(home) == [], timeout=10, what="the job to end with its run")
+    wait_for(lambda: sleeping_jobs(home) == [], timeout=10, what="the job to end with its run")
     assert status("k")["state"] == "stopped"
+
+
+def test_a_supervisor_killed_after_its_short_job_ended_says_the_job_is_not_running(tmp_path: Path) -> None:
+    """Killed before answering, after a job that ends at once: `run` must not say the job runs on."""
+    started = _tg_killing_the_supervisor(tmp_path, "run", "--name", "q", "--restart", "never", "--", "true",
+                                         at="answer", while_held=lambda: time.sleep(1.0))  # fmt: skip
+    assert started.returncode != 0 and "which is not running" in started.stderr, started.stderr
+    assert tg("adopt", "q").returncode == 0
+    wait_for(lambda: status("q")["state"] not in ("running", "starting"), what="the adopted run to end")
+    assert len(status("q")["attempts"]) == 1
 
 
 def test_the_job_never_runs_before_its_supervisor_has_recorded_it(tmp_path: Path, home: Path) -> None:
@@ -304,7 +285,7 @@ def test_the_job_never_runs_before_its_supervisor_has_recorded_it(tmp_path: Path
         tmp_path, "run", "--", "sh", "-c", f"touch {marker}; sleep 300", while_held=before_the_kill
     )
     assert started.returncode != 0
-    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go")
+    wait_for(lambda: sleeping_jobs(home) == [], timeout=5, what="the unrecorded job to go")
     time.sleep(0.5)
     assert not marker.exists()
 
@@ -334,6 +315,6 @@ def test_a_continuation_that_fails_to_start_leaves_the_run_as_it_was(tmp_path: P
     assert continued.returncode != 0, continued.stdout
     final = status(run_id)
     assert final["state"] == "stopped" and len(final["attempts"]) == 1, final
-    wait_for(lambda: _jobs_left(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
+    wait_for(lambda: sleeping_jobs(home) == [], timeout=5, what="the unrecorded job to go (it was left running)")
     assert tg("restart", "k").returncode == 0  # and it can be continued again
     assert tg("stop", run_id, "--grace", "1s").returncode == 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.conftest import alive, env_with_hook, sleeping_jobs, supervisors_of
 from tests.real import faults
 from tests.real.runs import run_id_from, script, status, tg, wait_for
 
@@ -99,6 +100,49 @@ def test_stop_works_on_a_full_state_disk(tmp_path: Path, monkeypatch) -> None:
         assert stopped.returncode == 0
         _one_line(stopped)
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=15, what="the job to be stopped")
+
+
+# The state disk fills the moment the supervisor goes to record its job (the hook picks the moment;
+# the disk is a real tmpfs, and full).
+FILL_AS_THE_JOB_IS_RECORDED = """
+import contextlib, os
+from trainguard.supervisor.journal import Journal
+
+record = Journal.start_attempt
+
+def fill_then_record(self, attempt):
+    with open(os.environ["FILLER"], "wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(bytes(65536))
+            out.flush()
+    record(self, attempt)
+
+Journal.start_attempt = fill_then_record
+"""
+
+
+def test_stop_ends_a_job_its_record_does_not_know(tmp_path: Path, monkeypatch) -> None:
+    """A job started while the state disk is full is recorded only in its supervisor's memory (it
+    starts all the same: supervision never waits on the state disk); with that supervisor killed,
+    `stop` answered "nothing was running" and the job ran on. `stop` ends every process of the run,
+    recorded or not."""
+    if reason := faults.why_no_root():
+        pytest.skip(f"a small tmpfs: {reason}")
+    with faults.small_tmpfs(tmp_path / "state", "2m") as home:
+        monkeypatch.setenv("TRAINGUARD_HOME", str(home))
+        filler = home / "filler"
+        env = env_with_hook(tmp_path, FILL_AS_THE_JOB_IS_RECORDED, FILLER=str(filler))
+        started = tg("run", "--name", "full", "--", "sleep", "300", env=env)
+        assert started.returncode == 0, started.stderr
+        [supervisor] = supervisors_of(status("full")["id"])
+        os.kill(supervisor, signal.SIGKILL)
+        filler.unlink()
+        [job] = sleeping_jobs(home)
+        assert status("full")["pid"] is None  # what the record knows
+        stopped = tg("stop", "full", "--grace", "2s")
+        assert stopped.returncode == 0, stopped.stderr
+        wait_for(lambda: not alive(job), timeout=15, what="the unrecorded job to be stopped (it ran on)")
+        assert "did not know" in stopped.stdout, stopped.stdout
 
 
 def test_a_run_that_ends_on_a_full_state_disk_is_recorded_once_there_is_room(tmp_path: Path, monkeypatch) -> None:

@@ -385,3 +385,13 @@ def test_a_script_that_saves_its_own_files_resumes_through_checkpoint_glob_and_r
     assert run["attempts"][1]["resumed_from"] == str(folder / "epoch2.txt")
     log = tg("logs", run["id"]).stdout
     assert f"resume {folder / 'epoch2.txt'} from 3" in log and "finished" in log
+
+
+def test_the_jobs_stdin_is_dev_null_open_for_reading_and_writing(tmp_path: Path) -> None:
+    """As a detached job's always was (a job that writes to fd 0 must not fail)."""
+    out = tmp_path / "out"
+    run_id = run_id_from(tg("run", "--restart", "never", "--", "sh", "-c",
+                            f"readlink /proc/self/fd/0 > {out}; echo x >&0 && echo written >> {out}").stdout)  # fmt: skip
+    wait_for(lambda: status(run_id)["state"] not in ("starting", "running"), what="the job")
+    assert out.read_text().split() == ["/dev/null", "written"]
+    assert status(run_id)["state"] == "succeeded"

@@ -74,8 +74,9 @@ def job_argv(command: tuple[str, ...], resume_arg: str | None, resume_from: str 
 
 # The job waits at this gate, reading its stdin, until its supervisor has recorded it: a supervisor
 # killed between starting a job and recording it leaves no job that nobody knows of (the gate reads
-# end of file and the command never runs). Then stdin is /dev/null again, as a detached job's is.
-_GATE = 'IFS= read -r go && [ "$go" = go ] || exit 125; exec </dev/null; exec "$@"'
+# end of file and the command never runs). Then stdin is /dev/null again, read-write as a detached
+# job's was.
+_GATE = 'IFS= read -r go && [ "$go" = go ] || exit 125; exec <>/dev/null; exec "$@"'
 GATE_OPEN = b"go\n"
 
 

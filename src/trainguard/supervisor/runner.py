@@ -376,12 +376,15 @@ class Supervisor:
             if self.state is RunState.BACKOFF:
                 self._transition(RunState.STARTING)
             self.journal.update(containment=containment.description)
+            # Recorded, the job goes through at once: a kill from here on leaves a job its run knows.
+            # A registry that cannot be written (a full state disk) holds the record in memory, and
+            # the job starts all the same: supervision never waits on the state disk.
             self.journal.start_attempt(attempt)
-            self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
             with contextlib.suppress(OSError):  # a gate nobody reads: the job died already, it is watched
                 os.write(gate_write, GATE_OPEN)
         finally:
             os.close(gate_write)
+        self._transition(RunState.RUNNING, Text(f"attempt {n}", f"第 {n} 次尝试"), pid=process.pid)
         self._started()
         watch = _AttemptWatch(process, attempt, containment, read_fd, self.clock(), kernel=kernel_tail,
                               launch_record=launch_record)  # fmt: skip

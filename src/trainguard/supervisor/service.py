@@ -31,7 +31,7 @@ from trainguard.errors import TrainguardError, UsageError
 from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, Run
 from trainguard.supervisor import lock as run_lock
-from trainguard.supervisor.containment import Containment, stop_gracefully
+from trainguard.supervisor.containment import KILL_TIMEOUT_S, Containment, stop_gracefully
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.policy import RestartPolicy, verdict_exit_code
 from trainguard.supervisor.runner import Supervisor
@@ -314,12 +314,20 @@ def _start_detached(
             )
         current = registry.get(run.id)
         if current is not None and len(current.attempts) > len(run.attempts):
-            job = current.attempts[-1].pid
-            raise TrainguardError(  # killed after recording its job: the run knows the job, nobody watches it
-                f"the supervisor of run {run.id} died after starting its job (pid {job}): "
-                f"`trainguard adopt {run.id}` watches the job again, `trainguard stop {run.id}` ends it",
-                f"运行 {run.id} 的监督进程在启动作业（pid {job}）后退出："
-                f"`trainguard adopt {run.id}` 重新监督该作业，`trainguard stop {run.id}` 结束它",
+            attempt = current.attempts[-1]
+            if ProcessRef(attempt.pid or 0, attempt.pid_start).alive():  # the run knows it, nobody watches it
+                raise TrainguardError(
+                    f"the supervisor of run {run.id} died after starting its job (pid {attempt.pid}): "
+                    f"`trainguard adopt {run.id}` watches the job again, `trainguard stop {run.id}` ends it",
+                    f"运行 {run.id} 的监督进程在启动作业（pid {attempt.pid}）后退出："
+                    f"`trainguard adopt {run.id}` 重新监督该作业，`trainguard stop {run.id}` 结束它",
+                )
+            raise TrainguardError(
+                f"the supervisor of run {run.id} died as it started the job, which is not running: "
+                f"`trainguard adopt {run.id}` records its end and goes on as the restart policy says, "
+                f"`trainguard stop {run.id}` ends the run",
+                f"运行 {run.id} 的监督进程在启动作业时退出，作业没有在运行："
+                f"`trainguard adopt {run.id}` 记录其结束并按重启策略继续，`trainguard stop {run.id}` 结束该运行",
             )
         last = _last_line(log_path)
         raise TrainguardError(  # its log may go with a run that never started: what it said is quoted here
@@ -413,13 +421,39 @@ def forget_if_never_started(registry: Registry, run_id: str) -> None:
     registry.delete_run(run_id)
 
 
-def _kill_unrecorded_jobs(run_id: str) -> None:
-    """Kill what was started for a run whose start failed before an attempt was recorded: each job
-    and its children carry TRAINGUARD_RUN_ID (a run's earlier attempts have all ended by then)."""
+def _processes_of_run(run_id: str) -> list[psutil.Process]:
+    """Every process started for the run, recorded or not: each job and its children carry
+    TRAINGUARD_RUN_ID."""
+    found = []
     for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if process.environ().get("TRAINGUARD_RUN_ID") == run_id:
-                process.kill()
+        with contextlib.suppress(psutil.Error, OSError):  # this command, if the job ran it, is spared
+            if process.pid != os.getpid() and process.environ().get("TRAINGUARD_RUN_ID") == run_id:
+                found.append(process)
+    return found
+
+
+def _kill_unrecorded_jobs(run_id: str) -> None:
+    """Kill what was started for a run whose start failed before an attempt was recorded (a run's
+    earlier attempts have all ended by then)."""
+    for process in _processes_of_run(run_id):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def _stop_unrecorded(run_id: str, stop_signal: int, grace_s: float) -> int:
+    """Stop what is left of a run once its recorded job is gone: a job its supervisor started while
+    the registry could not be written and did not live to record. The stop signal, the grace period,
+    then SIGKILL; how many processes there were."""
+    found = _processes_of_run(run_id)
+    for process in found:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(stop_signal)
+    _, left = psutil.wait_procs(found, timeout=grace_s)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(left, timeout=KILL_TIMEOUT_S)
+    return len(found)
 
 
 def watched_by(run: Run) -> ProcessRef | None:
@@ -457,6 +491,10 @@ def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> Text:
                           f"作业在 {grace_s:g} 秒宽限期内没有结束，已被强制杀死")
             )
         containment.remove()
+        unrecorded = _stop_unrecorded(run.id, int(run.options.get("stop_signal", 15)), grace_s)
+        if unrecorded:
+            what = Text(f"{what.en}; {unrecorded} process(es) of the run that its record did not know were stopped",
+                        f"{what.zh}；另有 {unrecorded} 个记录中没有的该运行进程已被停止")  # fmt: skip
         if last is not None:
             last.ended_at = time.time()
             registry.end_attempt(run.id, last)
