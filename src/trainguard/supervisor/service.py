@@ -13,6 +13,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -435,9 +436,7 @@ def _processes_of_run(run_id: str) -> list[psutil.Process]:
 def _kill_unrecorded_jobs(run_id: str) -> None:
     """Kill what was started for a run whose start failed before an attempt was recorded (a run's
     earlier attempts have all ended by then)."""
-    for process in _processes_of_run(run_id):
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+    _stop_unrecorded(run_id, signal.SIGKILL, grace_s=0)
 
 
 def _stop_unrecorded(run_id: str, stop_signal: int, grace_s: float) -> int:
