@@ -13,7 +13,7 @@ import pytest
 
 from tests.real.runs import free_port, script
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]  # real torchrun with two ranks: the slower tier
 pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
 
 # Rank 1 makes its Checkpointer 0.3 s after rank 0 (it loaded its data later): by its own clock

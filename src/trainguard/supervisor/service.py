@@ -447,12 +447,22 @@ def _stop_unrecorded(run_id: str, stop_signal: int, grace_s: float) -> int:
     for process in found:
         with contextlib.suppress(psutil.Error):
             process.send_signal(stop_signal)
-    _, left = psutil.wait_procs(found, timeout=grace_s)
+    left = _wait_gone(found, grace_s)
     for process in left:
         with contextlib.suppress(psutil.Error):
             process.kill()
-    psutil.wait_procs(left, timeout=KILL_TIMEOUT_S)
+    _wait_gone(left, KILL_TIMEOUT_S)
     return len(found)
+
+
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each has ended (a zombie has: its parent may never reap it); those still alive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in processes if ProcessRef(p.pid, None).alive() and p.is_running()]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
 
 
 def watched_by(run: Run) -> ProcessRef | None:
