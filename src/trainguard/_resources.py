@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
+# A real recorded log (a 4-GPU torchrun job whose rank 1 ran out of memory): `diagnose --example` and
+# the demo's CUDA OOM replay read it.
+EXAMPLE_LOG_PATH = Path(__file__).resolve().parent / "data" / "examples" / "ddp_cuda_oom.log"
 
 
 def data_text(name: str) -> str:

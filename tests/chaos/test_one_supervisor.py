@@ -202,7 +202,7 @@ def test_a_run_still_starting_is_never_taken_for_one_whose_supervisor_died(tmp_p
 # lands in that gap each time.
 HOLD_SUPERVISOR = """
 import os, time
-from trainguard.supervisor.journal import Journal
+from trainguard.store.journal import Journal
 from trainguard.supervisor.service import Handshake
 
 def held(*args, **kwargs):

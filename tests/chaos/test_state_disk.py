@@ -106,7 +106,7 @@ def test_stop_works_on_a_full_state_disk(tmp_path: Path, monkeypatch) -> None:
 # the disk is a real tmpfs, and full).
 FILL_AS_THE_JOB_IS_RECORDED = """
 import contextlib, os
-from trainguard.supervisor.journal import Journal
+from trainguard.store.journal import Journal
 
 record = Journal.start_attempt
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainguard import Checkpointer
+from trainguard.checkpoint.resume import checkpoint_times
 from trainguard.monitor.exporter import TrainguardCollector, typical_gap
 from trainguard.store.registry import Attempt, Registry
-from trainguard.supervisor.job import checkpoint_times
 
 
 def test_the_typical_gap_is_the_median_so_one_pause_does_not_stretch_it() -> None:

@@ -112,8 +112,8 @@ def test_invalid_webhook_urls_are_refused(url: str) -> None:
 def test_a_new_xid_during_the_run_alerts_once(tmp_path) -> None:
     from trainguard.diagnosis.evidence import KernelLine
     from trainguard.monitor.runwatch import RunMonitor
+    from trainguard.store.journal import Journal
     from trainguard.store.registry import Registry
-    from trainguard.supervisor.journal import Journal
 
     registry = Registry(tmp_path)
     run = registry.create_run(["x"], name=None, cwd="/", options={})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainguard.causes import Retry, catalogue
+from trainguard.store.states import IllegalTransition, RunState, check_transition
 from trainguard.supervisor.job import job_argv, job_environment
 from trainguard.supervisor.policy import Outcome, RestartPolicy, decide
-from trainguard.supervisor.states import IllegalTransition, RunState, check_transition
 
 CAUSES = catalogue()
 

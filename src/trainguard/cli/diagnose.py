@@ -6,11 +6,11 @@ import os
 import sys
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import click
 
 from trainguard._i18n import LANGUAGES, choose_language
+from trainguard._resources import EXAMPLE_LOG_PATH
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
 from trainguard.diagnosis.scan import LogFile, read_blocks
 from trainguard.errors import InputError, UsageError
@@ -21,7 +21,6 @@ from trainguard.probes.log_files import open_log
 # window is wide enough for a slow OOM kill and narrow enough to leave other days' records out.
 WINDOW_BEFORE_S = 15 * 60
 WINDOW_AFTER_S = 2 * 60
-EXAMPLE_LOG_PATH = Path(__file__).resolve().parents[1] / "data" / "examples" / "ddp_cuda_oom.log"
 
 
 def _parse_exit_code(_ctx: click.Context, _param: click.Parameter, value: str | None) -> ExitStatus | None:

@@ -28,9 +28,9 @@ from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, RegistryError, Run, RunNotFound, close_runs_lost_to_reboot
 from trainguard.store.runlogs import attempt_region, start_marker
+from trainguard.store.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.supervisor import service
 from trainguard.supervisor.lock import AlreadyWatched
-from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.units import parse_duration, parse_size
 
 

@@ -175,7 +175,7 @@ def cuda_oom(sandbox: Sandbox, outcome: Outcome) -> Outcome:
     """Without a GPU, a real recorded log (a 4-GPU torchrun job whose rank 1 ran out of memory) goes
     through the same diagnosis; said plainly: a replay."""
     from trainguard import causes
-    from trainguard.cli.diagnose import EXAMPLE_LOG_PATH
+    from trainguard._resources import EXAMPLE_LOG_PATH
     from trainguard.postmortem import LogSource, investigate
     from trainguard.supervisor.policy import Outcome as PolicyOutcome
     from trainguard.supervisor.policy import RestartPolicy, decide

@@ -121,8 +121,8 @@ class TrainguardCollector(Collector):
             labels=[*labels, "kind"],
         )
         from trainguard import goodput
-        from trainguard.supervisor.job import checkpoint_times
-        from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
+        from trainguard.checkpoint.resume import checkpoint_times
+        from trainguard.store.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 
         runs = [r for r in self.registry.all() if self.run_id in (None, r.id)]
         for run in runs:

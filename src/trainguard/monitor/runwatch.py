@@ -15,7 +15,7 @@ from trainguard.monitor.alerts import Alert, Episodes, evaluate
 from trainguard.monitor.notify import Notifier
 from trainguard.monitor.sampler import Sample, Sampler
 from trainguard.probes import kernel_log
-from trainguard.supervisor.journal import Journal
+from trainguard.store.journal import Journal
 
 log = logging.getLogger("trainguard.monitor")
 

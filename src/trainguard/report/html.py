@@ -17,7 +17,7 @@ from typing import Any
 
 from trainguard import causes
 from trainguard import goodput as goodput_module
-from trainguard.supervisor.states import PUBLIC_STATE, RunState
+from trainguard.store.states import PUBLIC_STATE, RunState
 from trainguard.units import format_duration, format_size
 
 GIB = 1024**3

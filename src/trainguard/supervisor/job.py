@@ -1,17 +1,12 @@
-"""What one attempt of a job is given: its command line, its environment, the checkpoint it resumes
-from. Pure functions of data, except ``choose_resume``, ``find_resume`` and ``checkpoint_times`` which
-look at the checkpoint folder (through ``trainguard.checkpoint.layouts``)."""
+"""What one attempt of a job is given: its options, its command line (behind the start gate) and its
+environment. Pure functions of data; which checkpoint it resumes from is
+``trainguard.checkpoint.resume``'s to say."""
 
 from __future__ import annotations
 
-import glob
-import os
 import shlex
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from trainguard.checkpoint import layouts
 
 
 @dataclass(frozen=True)
@@ -83,62 +78,3 @@ GATE_OPEN = b"go\n"
 def gated_argv(argv: list[str]) -> list[str]:
     """``argv`` behind the start gate (a shell that becomes the command: its pid is the job's)."""
     return ["/bin/sh", "-c", _GATE, "trainguard-gate", *argv]
-
-
-@dataclass(frozen=True)
-class ResumeChoice:
-    path: str | None  # the newest complete checkpoint, or None
-    skipped: tuple[str, ...] = ()  # newer incomplete ones, "path: why" (reported, never deleted)
-
-
-def choose_resume(
-    checkpoint_dir: str, checkpoint_glob: str | None, layout: str = "auto", *, settle_s: float = 0.2
-) -> ResumeChoice:
-    """The newest complete checkpoint of the folder's layout (``--checkpoint-layout``), and the newer
-    incomplete ones passed over; or with ``--checkpoint-glob`` the newest matching file whose size is
-    not changing (still being written)."""
-    if checkpoint_glob is None:
-        found = layouts.scan(checkpoint_dir, layout)
-        chosen = next((c for c in found if c.complete), None)
-        newer = found[: found.index(chosen)] if chosen else found
-        return ResumeChoice(chosen.path if chosen else None, tuple(c.describe() for c in newer if not c.complete))
-    pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
-    candidates = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=os.path.getmtime, reverse=True)
-    for path in candidates:
-        try:
-            size = os.path.getsize(path)
-            time.sleep(settle_s)
-            if os.path.getsize(path) == size and size > 0:
-                return ResumeChoice(path)
-        except OSError:
-            continue
-    return ResumeChoice(None)
-
-
-def find_resume(
-    checkpoint_dir: str, checkpoint_glob: str | None, *, layout: str = "auto", settle_s: float = 0.2
-) -> str | None:
-    """The path ``choose_resume`` picks."""
-    if checkpoint_glob is None:
-        newest = layouts.newest_complete(checkpoint_dir, layout)
-        return newest.path if newest else None
-    return choose_resume(checkpoint_dir, checkpoint_glob, layout, settle_s=settle_s).path
-
-
-def checkpoint_times(
-    checkpoint_dir: str, checkpoint_glob: str | None, *, layout: str = "auto", limit: int = 6
-) -> list[float]:
-    """When the newest ``limit`` complete checkpoints were written, newest first: those of the
-    folder's layout, or with ``--checkpoint-glob`` the matching non-empty files."""
-    if checkpoint_glob is None:
-        times = [c.time for c in layouts.scan(checkpoint_dir, layout) if c.complete]
-    else:
-        pattern = checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(checkpoint_dir, checkpoint_glob)
-        times = []
-        for path in glob.glob(pattern):
-            try:
-                if os.path.isfile(path) and os.path.getsize(path) > 0:
-                    times.append(os.path.getmtime(path))
-            except OSError:  # removed by pruning meanwhile
-                continue
-    return sorted(times, reverse=True)[:limit]

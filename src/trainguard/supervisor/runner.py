@@ -31,7 +31,7 @@ from trainguard import causes, progress
 from trainguard._i18n import Text, choose_language
 from trainguard._proc import ProcessRef, catches_signal, start_time
 from trainguard.checkpoint import layouts
-from trainguard.checkpoint._format import folder_bytes
+from trainguard.checkpoint.resume import checkpoint_bytes, choose_resume, find_resume
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
@@ -42,23 +42,15 @@ from trainguard.monitor.runwatch import RunMonitor
 from trainguard.paths import open_private
 from trainguard.postmortem import default_scanner, diagnosis_dict
 from trainguard.probes import kernel_log
+from trainguard.store.journal import Journal
 from trainguard.store.registry import Attempt, Registry, Run
+from trainguard.store.states import RunState, check_transition
 from trainguard.supervisor import launchers
 from trainguard.supervisor.autopsy import attempt_report
 from trainguard.supervisor.containment import Containment, become_subreaper, contain, stop_gracefully
-from trainguard.supervisor.job import (
-    GATE_OPEN,
-    JobOptions,
-    choose_resume,
-    find_resume,
-    gated_argv,
-    job_argv,
-    job_environment,
-)
-from trainguard.supervisor.journal import Journal
+from trainguard.supervisor.job import GATE_OPEN, JobOptions, gated_argv, job_argv, job_environment
 from trainguard.supervisor.lock import AlreadyWatched, SupervisorLock
 from trainguard.supervisor.policy import STARTUP_LINES, Decision, Outcome, RestartPolicy, decide
-from trainguard.supervisor.states import RunState, check_transition
 
 POLL_S = 0.1
 TICK_S = 1.0  # how often the job's tree, progress, samples and the registry queue are looked at
@@ -624,11 +616,7 @@ class Supervisor:
         newest = self._newest_checkpoint()
         if newest is None:
             return None
-        path = Path(newest)
-        try:
-            return folder_bytes(path) if path.is_dir() else path.stat().st_size  # a sharded step holds folders
-        except OSError:
-            return None
+        return checkpoint_bytes(newest)
 
     def _check_progress(self, watch: _AttemptWatch, now: float) -> None:
         """New output, a new checkpoint or a new step reported by the job all count as progress."""

@@ -31,12 +31,12 @@ from trainguard.causes import CAUSE_IDS, Retry
 from trainguard.errors import TrainguardError, UsageError
 from trainguard.paths import open_private, state_dir
 from trainguard.store.registry import Registry, Run
+from trainguard.store.states import TERMINAL_STATES, RunState
 from trainguard.supervisor import lock as run_lock
 from trainguard.supervisor.containment import KILL_TIMEOUT_S, Containment, stop_gracefully
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.policy import RestartPolicy, verdict_exit_code
 from trainguard.supervisor.runner import Supervisor
-from trainguard.supervisor.states import TERMINAL_STATES, RunState
 
 MIN_MEMORY_LIMIT = 64 * 1024**2
 HANDSHAKE_TIMEOUT_S = 120.0  # NVML start-up on a machine with many GPUs takes seconds

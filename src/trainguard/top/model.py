@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.supervisor.states import PUBLIC_STATE, TERMINAL_STATES, RunState
+from trainguard.store.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 
 # NVML clocks-event reasons (tools/reference/nvml_throttle.json); gpu_idle is no throttle.
 THROTTLE_REASONS = {
