@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Any
 
+from trainguard import _untrusted as untrusted
+
 PROGRESS_FILE_ENV = "TRAINGUARD_PROGRESS_FILE"
 PROGRESS_INTERVAL_S = 2.0
 SAVES_KEPT = 32  # saves listed in the record: more than a job completes between two of its writes
@@ -121,23 +123,43 @@ def report_stop(signal_number: int, step: int | None = None) -> None:
     _write(now)
 
 
+def _is_save(entry: Any) -> bool:
+    return (isinstance(entry, list) and len(entry) == 3 and untrusted.is_int(entry[0])
+            and untrusted.is_number(entry[1]) and untrusted.is_text(entry[2]))  # fmt: skip
+
+
+# What a record may hold, each field with the kind of value the supervisor relies on.
+FIELDS = {
+    "step": untrusted.is_int,
+    "step_time": untrusted.is_number,
+    "first_step": untrusted.is_int,
+    "first_step_time": untrusted.is_number,
+    "resumed_step": untrusted.is_int,
+    "stop_signal": untrusted.is_int,
+    "stop_time": untrusted.is_number,
+    "checkpoint_dir": untrusted.is_text,
+    "saves": lambda saves: isinstance(saves, list) and all(_is_save(entry) for entry in saves),
+    "pid": untrusted.is_int,
+    "rank": untrusted.is_int,
+    "last_active_time": untrusted.is_number,
+}
+
+
 def read(path: str) -> dict[str, Any]:
     """What the job's processes reported for one attempt: rank 0's record, with the earliest stop
-    signal and the earliest first step of any rank. Empty when nothing was written."""
+    signal and the earliest first step of any rank. Empty when nothing was written. The job is the
+    writer: a file that is not a bounded JSON object, or a field of the wrong kind, is ignored with a
+    warning."""
     records = {}
     for name in glob.glob(glob.escape(path)) + glob.glob(glob.escape(path) + ".rank*"):
-        try:
-            with open(name, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict):
-            records[name] = record
+        record = untrusted.load_object(name)
+        if record is not None:
+            records[name] = untrusted.typed_fields(name, record, FIELDS)
     if not records:
         return {}
     merged = dict(records.get(path) or next(iter(records.values())))
     for key, time_key in (("stop_signal", "stop_time"), ("first_step", "first_step_time")):
-        timed = [r for r in records.values() if isinstance(r.get(time_key), (int, float))]
+        timed = [r for r in records.values() if time_key in r]
         if timed:
             earliest = min(timed, key=lambda r: r[time_key])
             merged.update({key: earliest.get(key), time_key: earliest[time_key]})

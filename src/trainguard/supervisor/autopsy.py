@@ -7,13 +7,12 @@ the supervisor after each death and by ``trainguard diagnose RUN``."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from trainguard import _untrusted as untrusted
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
 from trainguard.diagnosis.scan import read_blocks
@@ -28,10 +27,9 @@ _RANK_SUFFIX = re.compile(r"\.rank([0-9]+)$")
 
 
 def _log_region(path: str, start: int, end: int | None) -> Iterator[bytes]:
-    try:
-        log = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError:
-        return  # a log that someone removed is no evidence, not a crash
+    log = untrusted.open_regular(path)
+    if log is None:
+        return  # a log that someone removed (or a FIFO in its place) is no evidence, not a crash
     with log:
         log.seek(start)
         remaining = None if end is None else end - start
@@ -46,11 +44,15 @@ def _log_region(path: str, start: int, end: int | None) -> Iterator[bytes]:
 
 
 def error_file_text(path: str) -> str | None:
-    try:
-        payload = json.loads(Path(path).read_text())
-        return f"{payload['type']}: {payload['message']}\n"
-    except (OSError, ValueError, KeyError, TypeError):
+    """The exception the training library wrote (``{"type", "message", ...}``), as a log line."""
+    payload = untrusted.load_object(path, untrusted.MAX_ERROR_FILE_BYTES)
+    if payload is None:
         return None
+    kind, message = payload.get("type"), payload.get("message")
+    if not (isinstance(kind, str) and isinstance(message, str)):
+        untrusted.warn_once(path, "no exception type and message")
+        return None
+    return f"{kind}: {message}\n"
 
 
 def attempt_report(
@@ -106,8 +108,11 @@ def launch_record_path(error_file: str) -> str:
 
 
 def _tail(path: str, start: int, end: int | None) -> str:
+    log = untrusted.open_regular(path)
+    if log is None:
+        return ""
     try:
-        with open(path, "rb") as log:
+        with log:
             stop = end if end is not None else log.seek(0, os.SEEK_END)
             log.seek(max(start, stop - SUMMARY_TAIL_BYTES))
             return log.read(stop - log.tell()).decode("utf-8", "replace")
@@ -120,13 +125,19 @@ def _launch_evidence(
 ) -> tuple[launch.LaunchFacts, list[LogSource]]:
     """The launcher's view of the attempt: its failure summary, which worker was which rank, and a
     source per rank's file (its output, torchrun's error.json, trainguard's error file)."""
-    workers = record.get("workers") or {}
-    global_ranks = {int(w["local_rank"]): int(w["rank"]) for w in workers.values() if isinstance(w, dict)}
+    workers = record.get("workers")
+    global_ranks = {
+        w["local_rank"]: w["rank"]
+        for w in (workers.values() if isinstance(workers, dict) else ())
+        if isinstance(w, dict) and untrusted.is_int(w.get("local_rank")) and untrusted.is_int(w.get("rank"))
+    }
+    hung = record.get("hung_ranks")
+    host = record.get("host")
     facts = launch.LaunchFacts(
         failures=launch.parse_torchrun_summary(_tail(log_path, log_start, log_end)),
         global_ranks=global_ranks or None,
-        hung_ranks=tuple(int(r) for r in record.get("hung_ranks") or ()),
-        host=record.get("host"),
+        hung_ranks=tuple(r for r in hung if untrusted.is_int(r)) if isinstance(hung, list) else (),
+        host=host if isinstance(host, str) else None,
     )
 
     def rank_of(local: int) -> int:
@@ -135,7 +146,9 @@ def _launch_evidence(
 
     sources: list[LogSource] = []
     seen: set[str] = set()
-    for found in launchers.rank_files(record.get("log_dirs") or [], since=started):
+    log_dirs = record.get("log_dirs")
+    log_dirs = [d for d in log_dirs if isinstance(d, str)] if isinstance(log_dirs, list) else []
+    for found in launchers.rank_files(log_dirs, since=started):
         seen.add(os.path.realpath(found.path))
         if found.kind == "error":
             text = launchers.torch_error_text(found.path)
@@ -157,7 +170,8 @@ def _launch_evidence(
                 sources.append(LogSource(f"error file (rank {rank})", [text.encode()], rank=rank))
     agent = record.get("launcher_error_file")
     first = facts.first_failure
-    if agent and not (first is not None and first.error_file):  # else it is a copy of that rank's error.json
+    # Else the agent's file is a copy of that rank's error.json.
+    if isinstance(agent, str) and agent and not (first is not None and first.error_file):
         text = launchers.torch_error_text(agent)
         if text:
             sources.append(LogSource("launcher error file", [text.encode()]))

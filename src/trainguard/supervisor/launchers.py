@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard import _untrusted as untrusted
 from trainguard.paths import open_private
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -211,16 +212,17 @@ def _newer(path: str, since: float) -> bool:
 def torch_error_text(path: str) -> str | None:
     """A torchelastic error file (``@record``, the agent's copy of the first failure) as the lines a
     person would read: the exception, then its traceback."""
-    try:
-        payload = json.loads(Path(path).read_text())
-        message = payload["message"]
-        if isinstance(message, str):
-            return message + "\n"
-        text = str(message.get("message", ""))
-        stack = (message.get("extraInfo") or {}).get("py_callstack")
-        return f"{text}\n{stack or ''}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    payload = untrusted.load_object(path, untrusted.MAX_ERROR_FILE_BYTES)
+    message = payload.get("message") if payload is not None else None
+    if isinstance(message, str):
+        return message + "\n"
+    if not isinstance(message, dict):
+        if payload is not None:
+            untrusted.warn_once(path, "no message")
         return None
+    info = message.get("extraInfo")
+    stack = info.get("py_callstack") if isinstance(info, dict) else None
+    return f"{message.get('message', '')}\n{stack if isinstance(stack, str) else ''}"
 
 
 def worker_identity(pid: int) -> tuple[int, int] | None:
@@ -249,8 +251,4 @@ def write_record(path: str, record: Mapping[str, Any]) -> None:
 
 
 def read_record(path: str) -> dict[str, Any] | None:
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    return untrusted.load_object(path)
