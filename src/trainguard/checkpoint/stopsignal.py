@@ -5,6 +5,12 @@ A scheduler's SIGTERM (Slurm, Kubernetes, a spot reclaim, ``docker stop``) or a 
 signal, and the loop saves at its next step end and leaves. Handlers that were installed before are
 still called. Used by ``Checkpointer`` and by the framework integrations (``trainguard.integrations``).
 
+While a handler is installed, processes forked from this one (DataLoader workers, a multiprocessing
+pool) start with the stop signals blocked: a signal sent to every process at once (``scancel``, a
+launcher's ``killpg``, ``kill -TERM -PGID``) would kill the workers first, and the training loop,
+waiting in ``next(it)``, would die of their death before it could save. Blocked, the signal waits
+unseen; the workers end as they always do, when their parent shuts them down or exits.
+
     stop = StopSignal()            # installs the handlers (main thread only)
     ...
     if stop.received is not None:  # the signal number
@@ -15,6 +21,7 @@ still called. Used by ``Checkpointer`` and by the framework integrations (``trai
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -23,6 +30,16 @@ from typing import Any
 log = logging.getLogger("trainguard.checkpoint")
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+
+_installed_here = 0  # StopSignals installed in this process now; a forked child inherits the count
+_fork_hook = False
+
+
+def _block_in_forked_worker() -> None:
+    global _installed_here
+    if _installed_here:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        _installed_here = 0  # the worker itself saves nothing: its own children are not shielded again
 
 
 class StopSignal:
@@ -42,6 +59,7 @@ class StopSignal:
     def install(self) -> bool:
         """Install the handlers (again after ``close``). Python only lets the main thread do this:
         elsewhere it logs a warning and returns False."""
+        global _installed_here, _fork_hook
         if self._previous:
             return True
         if threading.current_thread() is not threading.main_thread():
@@ -50,6 +68,10 @@ class StopSignal:
         for signum in self.signals:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_block_in_forked_worker)
+            _fork_hook = True
+        _installed_here += 1
         return True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -62,6 +84,9 @@ class StopSignal:
 
     def close(self) -> None:
         """Put back the handlers that were there before, where ours is still the one installed."""
+        global _installed_here
+        if self._previous:
+            _installed_here = max(_installed_here - 1, 0)
         if threading.current_thread() is threading.main_thread():
             for signum, previous in self._previous.items():
                 if signal.getsignal(signum) == self._on_signal:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from trainguard._proc import ProcessRef, session_members, start_time
+from trainguard._proc import ProcessRef, catches_signal, session_members, start_time
 from trainguard.probes import cgroups
+from trainguard.supervisor import launchers
 
 PR_SET_CHILD_SUBREAPER = 36
 KILL_TIMEOUT_S = 10.0
@@ -152,6 +153,48 @@ def contain(name: str, memory_limit: int | None, *, subreaper: bool) -> Containm
         return Containment(partial_reason=f"no cgroup could be created: {exc.reason}", subreaper=subreaper)
 
 
+@dataclass(frozen=True)
+class _Member:
+    ref: ProcessRef
+    parent: int
+    cmdline: tuple[str, ...]
+
+
+def _members(containment: Containment) -> dict[int, _Member]:
+    found = {}
+    for pid in containment.pids():
+        try:
+            process = psutil.Process(pid)
+            found[pid] = _Member(ProcessRef(pid, start_time(pid)), process.ppid(), tuple(process.cmdline()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _is_worker(member: _Member, members: dict[int, _Member]) -> bool:
+    """A worker another process of the attempt started for itself (DataLoader workers, a
+    multiprocessing pool): forked without exec (the parent's own command line) or started by
+    multiprocessing's spawn or forkserver. It is ended by its parent, or with the rest at the end."""
+    parent = members.get(member.parent)
+    if parent is None:
+        return False
+    return member.cmdline == parent.cmdline or any("multiprocessing" in part for part in member.cmdline)
+
+
+def _is_rank_main(pid: int, member: _Member) -> bool:
+    """The main process of a rank under a launcher: ``RANK`` in its environment, not in its parent's."""
+    return launchers.worker_identity(pid) is not None and launchers.worker_identity(member.parent) is None
+
+
+def _wait(until: Callable[[], bool], deadline: float, clock: Callable[[], float], sleep: Callable[[float], None],
+          poll_s: float) -> bool:  # fmt: skip
+    while not until():
+        if clock() >= deadline:
+            return False
+        sleep(poll_s)
+    return True
+
+
 def stop_gracefully(
     containment: Containment,
     stop_signal: int,
@@ -162,24 +205,34 @@ def stop_gracefully(
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 0.1,
 ) -> bool:
-    """The stop signal to the job's process group, the grace period for a last checkpoint (until the
-    job and everything it started have exited), then SIGKILL to whatever is left. Whether it all
-    ended within the grace period."""
+    """Stop the job as ``docker stop``, Kubernetes and systemd's ``KillMode=mixed`` do: the stop
+    signal to its main processes (the job, and what it runs: a shell script's python), never to the
+    workers they started for themselves; the grace period for a last checkpoint; then SIGKILL to
+    whatever is left of the attempt. A signal to the whole process group killed the DataLoader
+    workers first, and the training process died in ``next(it)`` without saving. Under a launcher
+    (torchrun forwards SIGTERM to each rank's whole group) each rank that handles it gets the
+    save-and-stop request (SIGUSR1) first, and the launcher is told once its ranks are done.
+    Whether the job's main processes ended within the grace period."""
+    deadline = clock() + grace_s
     job = containment.job
-    if job is not None and job.alive():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.pid, stop_signal)
-    elif job is not None:
+    if job is not None and not job.alive():
         for member in session_members(job.pid, not_before=job.start):  # the leader is gone, its group is not
             member.signal(stop_signal)
-    deadline = clock() + grace_s
-    ended = False
-    while True:
-        if job_exited() and not containment.pids():
-            ended = True
-            break
-        if clock() >= deadline:
-            break
-        sleep(poll_s)
+        ended = _wait(lambda: not containment.pids(), deadline, clock, sleep, poll_s)
+    elif job is not None:
+        members = _members(containment)
+        ranks = {pid: m.ref for pid, m in members.items() if pid != job.pid and _is_rank_main(pid, m)}
+        handled = [ref for ref in ranks.values() if catches_signal(ref.pid, signal.SIGUSR1)]
+        asked = [ref for ref in handled if ref.signal(signal.SIGUSR1)]
+        if asked:
+            _wait(lambda: job_exited() or not any(ref.alive() for ref in asked), deadline, clock, sleep, poll_s)
+        members = _members(containment)
+        mains = [m.ref for pid, m in members.items()
+                 if pid not in ranks and (pid == job.pid or not _is_worker(m, members))]  # fmt: skip
+        for ref in mains:
+            ref.signal(stop_signal)
+        ended = _wait(lambda: job_exited() and not any(ref.alive() for ref in mains), deadline, clock, sleep, poll_s)
+    else:
+        ended = _wait(lambda: job_exited() and not containment.pids(), deadline, clock, sleep, poll_s)
     containment.kill_all()
     return ended
