@@ -111,11 +111,11 @@ def test_rules_and_dashboard_use_only_metrics_the_exporter_serves(tmp_path: Path
     assert used <= served, used - served
 
 
-@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
-def test_the_readme_shows_the_example_node_list_and_every_rule(readme: str) -> None:
-    text = (EXAMPLE_CONFIG.parents[1] / readme).read_text()
+@pytest.mark.parametrize("page", ["docs/monitoring.md", "docs/monitoring.zh-CN.md"])
+def test_the_monitoring_page_shows_the_example_node_list_and_every_rule(page: str) -> None:
+    text = (EXAMPLE_CONFIG.parents[1] / page).read_text()
     shown = re.search(r"```yaml\n\s*# /etc/prometheus/trainguard-nodes.yml\n(.*?)```", text, re.S)
-    assert shown, "the README shows the node list"
+    assert shown, f"{page} shows the node list"
     example = yaml.safe_load((EXAMPLE_CONFIG.parent / "trainguard-nodes.yml").read_text())
     assert yaml.safe_load(textwrap.dedent(shown.group(1))) == example
     assert all(f"| {alert['alert']} | {alert['labels']['severity']} |" in text for alert in _alerts())

@@ -1,7 +1,7 @@
-"""Every command the READMEs show (English and Chinese) works as written: each `trainguard` line of
-their shell blocks is run here, in the order the README gives, against real runs of a toy training
-script. Lines that need what this machine does not have (a Slurm cluster, a Kubernetes pod, the
-network) are listed with the reason, never silently dropped."""
+"""Every command the READMEs and the docs/ pages show (English and Chinese) works as written: each
+`trainguard` line of their shell blocks is run here, in the order the page gives, against real runs
+of a toy training script. Lines that need what this machine does not have (a Slurm cluster, a
+Kubernetes pod, the network) are listed with the reason, never silently dropped."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_LOG = ROOT / "src" / "trainguard" / "data" / "examples" / "ddp_cuda_oom.log"
+FRONT_PAGES = ["README.md", "README.zh-CN.md"]
+DOCS_PAGES = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))
 
 # Lines that cannot run on a machine without these, and where they are proven instead.
 ELSEWHERE = {
@@ -94,15 +96,17 @@ def _adapt(command: str, work: Path) -> str:
     return command.replace("--nproc-per-node 8", "--nproc-per-node 2")
 
 
-@pytest.mark.slow  # about 40 s a README: every example, a torchrun among them
-@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
-def test_every_readme_command_runs_as_written(tmp_path: Path, readme: str) -> None:
+@pytest.mark.slow  # up to about 40 s a page: every example, a torchrun among them
+@pytest.mark.parametrize("page", FRONT_PAGES + DOCS_PAGES)
+def test_every_readme_command_runs_as_written(tmp_path: Path, page: str) -> None:
     if shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("torchrun (torch) is not installed: pip install -e '.[test]'")
+    lines = readme_commands(ROOT / page)
+    if page not in FRONT_PAGES and not any("trainguard" in line for line in lines):
+        pytest.skip(f"{page} shows no trainguard command in a shell block")
     work, env = _sandbox(tmp_path)
-    lines = readme_commands(ROOT / readme)
     if not any("--name vit" in line for line in lines):
-        # A README that names the reader's run RUN: the reader started one before, as here.
+        # A page that names the reader's run RUN: the reader started one before, as here.
         subprocess.run([sys.executable, "-m", "trainguard", "run", "--name", "vit", "--", "python", "train.py"],
                        cwd=work, env=env, capture_output=True, check=True, timeout=60)  # fmt: skip
     ran, elsewhere, failures = [], {}, []
@@ -122,7 +126,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, readme: str) -> No
         if run["state"] in ("running", "restarting"):
             subprocess.run([sys.executable, "-m", "trainguard", "stop", run["id"], "--grace", "1s"], cwd=work,
                            env=env, capture_output=True, timeout=60, check=False)  # fmt: skip
-    assert ran, "no command found in the README"
+    assert ran, f"no command found in {page}"
     assert not failures, "\n".join(failures)
     assert all(reason for reason in elsewhere.values()), elsewhere
 

@@ -14,7 +14,7 @@ from trainguard.diagnosis.scan import Scanner
 from trainguard.diagnosis.signatures import default_table
 from trainguard.postmortem import LogSource, investigate
 
-# Floors, below the figures measured when they were set (README, "How it decides"), so that a change
+# Floors, below the figures measured when they were set (docs/diagnose.md, "How it decides"), so that a change
 # that makes the engine generalise worse fails here.
 DEV_FLOOR = 0.90
 HOLDOUT_FLOOR = 0.75
