@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainguard.errors import UsageError
+from trainguard.paths import check_trusted
 from trainguard.store.schema import apply_schema, schema_is_current
 
 T = TypeVar("T")
@@ -108,7 +109,10 @@ class Database:
             ) from exc
 
     def _open(self) -> None:
+        check_trusted(self.state_dir)
         private_dir(self.state_dir)
+        for suffix in ("", "-wal", "-shm"):  # the database and its companions: the user's own, or nothing
+            check_trusted(self.db_path.with_name(self.db_path.name + suffix), within=self.state_dir)
         _private_file(self.db_path)
         # SQLite gives the WAL and shared-memory files the database's mode; older ones are tightened.
         for suffix in ("-wal", "-shm"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainguard._i18n import Text
 from trainguard.errors import UsageError
+from trainguard.paths import check_trusted
 from trainguard.store.database import Database, RegistryError, private_dir, registry_errors
 from trainguard.store.records import ACTIVE, Attempt, Run, run_from_row, to_json
 
@@ -293,7 +294,13 @@ class Registry(Database):
     def get(self, run_id: str) -> Run | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-            return run_from_row(db, row) if row else None
+            return self._trusted(run_from_row(db, row)) if row else None
+
+    def _trusted(self, run: Run) -> Run:
+        """A run whose folder is in this state folder (not reached through a symlink out of it) and
+        can be changed by nobody else."""
+        check_trusted(Path(run.run_dir), within=self.state_dir / "runs")
+        return run
 
     @registry_errors
     def resolve(self, ref: str) -> Run:
@@ -320,13 +327,13 @@ class Registry(Database):
                     f"no run has the name or id {ref!r} (see trainguard ps)",
                     f"没有名称或 id 为 {ref!r} 的运行（见 trainguard ps）",
                 )
-            return run_from_row(db, row)
+            return self._trusted(run_from_row(db, row))
 
     @registry_errors
     def all(self) -> list[Run]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM runs ORDER BY created_at DESC").fetchall()
-            return [run_from_row(db, row) for row in rows]
+            return [self._trusted(run_from_row(db, row)) for row in rows]
 
 
 def close_runs_lost_to_reboot(registry: Registry, current_boot: str | None = None) -> list[str]:
