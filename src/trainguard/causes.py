@@ -33,6 +33,7 @@ class Cause:
     evidence_kinds: tuple[str, ...]
     verdict: str = "fail"
     restart_at_once: bool = False
+    restart_budget: int | None = None  # restarts for this cause in one run; None: only --max-restarts
 
     @property
     def exit_code(self) -> int:
@@ -64,6 +65,7 @@ CAUSE_IDS = (
     "killed",
     "peer_failure",
     "bad_command",
+    "memory_leak",
     "unknown",
 )
 UNKNOWN = "unknown"
@@ -85,6 +87,7 @@ def _parse(raw: dict) -> dict[str, Cause]:
                 evidence_kinds=tuple(row.get("evidence", ())),
                 verdict=row["verdict"],
                 restart_at_once=bool(row.get("restart_at_once", False)),
+                restart_budget=int(row["restart_budget"]) if "restart_budget" in row else None,
             )
         except (KeyError, ValueError) as exc:
             raise DataError(f"causes.toml: bad entry {cause_id!r}: {exc}") from exc

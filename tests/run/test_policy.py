@@ -89,3 +89,31 @@ def test_the_job_environment_and_resume_argument() -> None:
     assert job_argv(("python", "train.py"), "--resume {checkpoint}", "/ck/step-1") == [
         "python", "train.py", "--resume", "/ck/step-1"]  # fmt: skip
     assert job_argv(("python", "train.py"), "--resume {checkpoint}", None) == ["python", "train.py"]
+
+
+def leaked(*, progressed: bool = True) -> Outcome:
+    # A planned restart: trainguard saw the job's memory grow toward its limit, had it save and exit.
+    return Outcome(exit_code=0, signal=None, cause="memory_leak", new_checkpoint=progressed)
+
+
+def test_a_leak_is_restarted_at_once_within_its_own_budget() -> None:
+    budget = CAUSES["memory_leak"].restart_budget
+    assert budget == 5
+    first = decide([leaked()], RestartPolicy(), CAUSES)
+    assert first.restart and first.delay_s == 0 and first.batch_scale == 1.0
+    assert decide([leaked()] * budget, RestartPolicy(), CAUSES).restart
+    # each attempt saved before the limit, so no crash loop is ever seen: the budget ends the run
+    spent = decide([leaked()] * (budget + 1), RestartPolicy(), CAUSES)
+    assert not spent.restart and spent.final_state == "failed"
+    assert "memory_leak" in spent.reason.en and "every restart" in spent.reason.en and "复发" in spent.reason.zh
+
+
+def test_the_leak_budget_counts_leaks_across_other_deaths_and_can_be_set() -> None:
+    mixed = [leaked(), died("preempted"), leaked(), died("nccl_failure"), leaked()]
+    assert decide(mixed, RestartPolicy(), CAUSES).restart  # 2 leak restarts spent of 5
+    assert not decide(mixed, RestartPolicy(restart_budgets={"memory_leak": 2}), CAUSES).restart
+    assert decide([leaked()] * 7, RestartPolicy(restart_budgets={"memory_leak": 10}), CAUSES).restart
+    # the other deaths of the run are not charged to it, and --max-restarts still caps them all
+    assert decide([leaked()] * 5 + [died("preempted")], RestartPolicy(), CAUSES).restart
+    assert not decide([leaked()] * 3, RestartPolicy(max_restarts=2), CAUSES).restart
+    assert not decide([leaked()], RestartPolicy(retry_overrides={"memory_leak": Retry.NO}), CAUSES).restart

@@ -25,6 +25,7 @@ TEMPFAIL, CONFIG, FAIL = 75, 78, 1
 CONTRACT = {
     "preempted": TEMPFAIL, "node_reboot": TEMPFAIL, "gpu_hardware": TEMPFAIL, "killed": TEMPFAIL,
     "hang": TEMPFAIL, "nccl_failure": TEMPFAIL, "peer_failure": TEMPFAIL, "host_oom": TEMPFAIL,
+    "memory_leak": TEMPFAIL,
     "python_error": CONFIG, "bad_command": CONFIG, "cuda_driver_mismatch": CONFIG, "shm_exhausted": CONFIG,
     "disk_full": CONFIG, "too_many_open_files": CONFIG,
     "cuda_oom": FAIL, "cuda_illegal_access": FAIL, "sighup": FAIL, "segfault": FAIL, "unknown": FAIL,

@@ -57,6 +57,7 @@ def test_retry_defaults_follow_the_design() -> None:
         "killed": "yes",
         "peer_failure": "yes",
         "bad_command": "no",
+        "memory_leak": "yes",
         "unknown": "once",
     }
     assert {c.id: c.retry.value for c in catalogue().values()} == expected

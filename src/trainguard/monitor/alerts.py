@@ -3,16 +3,23 @@ its condition has cleared."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from trainguard.monitor.forecast import HOST_MEMORY, JOB_MEMORY, Projection, TrendRules, project, readings_from_samples
 from trainguard.monitor.sampler import Sample
+from trainguard.units import format_size
 
 GPU_MEMORY_NEAR_CAP = 0.95
 HOST_MEMORY_LOW = 0.05  # fraction of RAM (or the cgroup limit) still available
 HOST_MEMORY_HORIZON_S = 600  # warn when the trend reaches zero within this
-TREND_MIN_SAMPLES = 5
-TREND_MIN_SPAN_S = 30
+# A warning ten minutes ahead stands on at least two minutes of steady fall (the lookahead is five
+# times the history), never on the half-minute burst of a test suite.
+HOST_MEMORY_TREND = TrendRules(window_s=HOST_MEMORY_HORIZON_S, min_span_s=60, min_samples=8)
+# Whether the job's own memory grows steadily, however far off its own end is.
+JOB_MEMORY_TREND = replace(HOST_MEMORY_TREND, lookahead=math.inf)
+JOB_SHARE_OF_GROWTH = 0.5  # the job's memory growing at least this share of the fall: the job takes it
 SHM_NEAR_FULL = 0.90
 GPU_HOT_C = 85
 THERMAL_OR_HW_THROTTLE = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW/HW thermal, HW power brake
@@ -32,21 +39,28 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def _host_memory_projection(samples: Sequence[Sample]) -> Projection | None:
+    return project(HOST_MEMORY, readings_from_samples(samples).get(HOST_MEMORY, []), HOST_MEMORY_TREND)
+
+
 def host_memory_runout_s(samples: Sequence[Sample]) -> float | None:
-    """Seconds until available memory reaches zero on the least-squares trend, if it is falling."""
-    points = [(s.time, s.mem_available) for s in samples if s.mem_available is not None]
-    if len(points) < TREND_MIN_SAMPLES or points[-1][0] - points[0][0] < TREND_MIN_SPAN_S:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_m = sum(m for _, m in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    slope = sum((t - mean_t) * (m - mean_m) for t, m in points) / var  # bytes per second
-    if slope >= 0:
-        return None
-    return max(0.0, points[-1][1] / -slope)
+    """Seconds until available memory reaches zero on its steady trend; None without one."""
+    projection = _host_memory_projection(samples)
+    return projection.seconds_to_exhaustion if projection else None
+
+
+def _whose_memory(samples: Sequence[Sample], host: Projection) -> tuple[str, str]:
+    """Whether the job's own memory is what grows, so the alert points at the job or at the machine."""
+    rss = samples[-1].job_rss
+    if rss is None:
+        return "the job's own memory was not measured", "未测到作业自身的内存"
+    job = project(JOB_MEMORY, readings_from_samples(samples).get(JOB_MEMORY, []), JOB_MEMORY_TREND)
+    if job is not None and job.rate_bytes_per_s >= JOB_SHARE_OF_GROWTH * host.rate_bytes_per_s:
+        rate = format_size(job.rate_bytes_per_s)
+        return (f"the job's own memory grows {rate}/s (now {_gib(rss)})",
+                f"作业自身的内存每秒增长 {rate}（现为 {_gib(rss)}）")  # fmt: skip
+    return (f"other processes take it: the job's own memory holds at {_gib(rss)}",
+            f"是其他进程在占用：作业自身的内存保持在 {_gib(rss)}")  # fmt: skip
 
 
 def evaluate(samples: Sequence[Sample], *, checkpoint_bytes: int | None = None) -> list[Alert]:
@@ -74,11 +88,13 @@ def evaluate(samples: Sequence[Sample], *, checkpoint_bytes: int | None = None) 
                                f"only {_gib(now.mem_available)} of {_gib(now.mem_total)} RAM left: the OOM killer is near",
                                f"内存只剩 {_gib(now.mem_available)}（共 {_gib(now.mem_total)}）：OOM killer 即将动作"))  # fmt: skip
         else:
-            runout = host_memory_runout_s(samples)
-            if runout is not None and runout <= HOST_MEMORY_HORIZON_S:
+            trend = _host_memory_projection(samples)
+            if trend is not None and trend.seconds_to_exhaustion <= HOST_MEMORY_HORIZON_S:
+                runout = trend.seconds_to_exhaustion
+                whose_en, whose_zh = _whose_memory(samples, trend)
                 found.append(Alert("host_memory_trend", "host", "warning",
-                                   f"RAM falling: at this rate it runs out in {runout / 60:.0f} min ({_gib(now.mem_available)} left)",
-                                   f"内存持续下降：按当前速度约 {runout / 60:.0f} 分钟后耗尽（剩余 {_gib(now.mem_available)}）"))  # fmt: skip
+                                   f"RAM falling: at this rate it runs out in {runout / 60:.0f} min ({_gib(now.mem_available)} left); {whose_en}",
+                                   f"内存持续下降：按当前速度约 {runout / 60:.0f} 分钟后耗尽（剩余 {_gib(now.mem_available)}）；{whose_zh}"))  # fmt: skip
     if now.shm_used is not None and now.shm_total and now.shm_used / now.shm_total >= SHM_NEAR_FULL:
         found.append(Alert("shm_near_full", "shm", "warning",
                            f"/dev/shm {100 * now.shm_used / now.shm_total:.0f}% full ({_gib(now.shm_total)}): DataLoader workers may die of SIGBUS",

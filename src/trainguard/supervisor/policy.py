@@ -27,6 +27,7 @@ class RestartPolicy:
     backoff_base_s: float = BACKOFF_BASE_S
     backoff_cap_s: float = BACKOFF_CAP_S
     requeue: bool = False  # run --requeue under Slurm: the scheduler, not this node, takes REQUEUE_AT_ONCE
+    restart_budgets: Mapping[str, int] = field(default_factory=dict)  # per cause, over the catalogue's
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,16 @@ def decide(history: Sequence[Outcome], policy: RestartPolicy, causes: Mapping[st
     if retry is Retry.ONCE and len(history) >= 2 and history[-2].cause == cause_id and not history[-2].succeeded:
         return Decision(False, "failed", Text(f"{cause_id} twice in a row: not retrying again",
                                               f"连续两次 {cause_id}：不再重试"))  # fmt: skip
+    budget = policy.restart_budgets.get(cause_id, cause.restart_budget)
+    spent = sum(1 for outcome in history[:-1] if outcome.cause == cause_id)
+    if budget is not None and spent >= budget:
+        # A cause that comes back after every restart (a leak) is met by a new checkpoint each time,
+        # so no crash loop is ever seen: its own budget ends the run.
+        return Decision(
+            False, "failed",
+            Text(f"{cause_id} again after {spent} restarts for it (its budget is {budget}): it comes back after every restart; fix it first",
+                 f"重启 {spent} 次后再次出现 {cause_id}（该原因的重启上限为 {budget} 次）：每次重启后都会复发，请先修复"),
+        )  # fmt: skip
     deaths_without_progress = 0
     for outcome in reversed(history):
         if outcome.progressed or outcome.succeeded:
