@@ -227,3 +227,17 @@ def test_a_log_that_ends_with_no_error_says_what_its_silence_means(tmp_path: Pat
         log.write("Traceback (most recent call last):\nKeyError: 'labels'\n")
     failed = json.loads(run(str(silent), "--json").stdout)
     assert failed["cause"] == "python_error" and "hang" not in [a["cause"] for a in failed["alternatives"]]
+
+
+def test_a_log_with_a_crash_s_nul_bytes_is_read_not_refused_as_binary(tmp_path: Path) -> None:
+    # A writer killed mid-write leaves the file extended with NULs (8 KB in the first 64 KB here).
+    log = tmp_path / "train.log"
+    log.write_bytes(b"step 1 loss 2.3\n" * 10 + b"\x00" * 8192 + b"step 2 loss 2.2\n"
+                    + b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+                    b" of 79.10 GiB of which 1.06 GiB is free.\n")  # fmt: skip
+    done = run(str(log), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cause"] == "cuda_oom"
+    only_nuls = tmp_path / "empty.log"
+    only_nuls.write_bytes(b"\x00" * 70000)
+    assert run(str(only_nuls), "--json").returncode == 0

@@ -10,16 +10,19 @@ from trainguard.errors import InputError
 
 _SAMPLE = 64 * 1024
 _TEXT_CONTROLS = {0x08, 0x09, 0x0A, 0x0C, 0x0D, 0x1B}
-# A log is text. Crashed writers can leave runs of NUL bytes, so it takes more than one to say
-# "binary": a sample where over a tenth of the bytes are control characters.
-_BINARY_FRACTION = 0.10
+# A log is text. A crashed writer leaves runs of NUL bytes in it (a file extended but never written),
+# so NULs say nothing either way: it is binary when over one in twenty of its other bytes are control
+# characters (random bytes have one in eight: an archive, a tensor file, an executable). Bytes above
+# 0x7f say nothing either: a log in GBK is text.
+_BINARY_FRACTION = 0.05
 
 
 def looks_binary(sample: bytes) -> bool:
-    if not sample or b"\x00" not in sample:
+    rest = sample.replace(b"\x00", b"")
+    if not rest:
         return False
-    controls = sum(1 for byte in sample if byte < 0x20 and byte not in _TEXT_CONTROLS)
-    return controls / len(sample) > _BINARY_FRACTION
+    controls = sum(1 for byte in rest if (byte < 0x20 and byte not in _TEXT_CONTROLS) or byte == 0x7F)
+    return controls / len(rest) > _BINARY_FRACTION
 
 
 def open_log(path: str) -> BinaryIO:
