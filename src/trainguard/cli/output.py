@@ -1,11 +1,19 @@
-"""Where the commands' rich output goes: a terminal gets colour and its width; a pipe or a file gets
-plain lines, never cut at 80 columns and never padded with trailing spaces (scripts read them)."""
+"""Where the commands' output goes and in which language: a terminal gets colour and its width; a pipe
+or a file gets plain lines, never cut at 80 columns and never padded with trailing spaces (scripts read
+them); a message is said in the language of the environment (LC_ALL, LC_MESSAGES, LANG)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from typing import Any, TextIO
+
+from trainguard._i18n import choose_language
+
+
+def say(en: str, zh: str) -> str:
+    """The message in the language of the environment, read at each call."""
+    return zh if choose_language(None, os.environ) == "zh" else en
 
 
 class _TrimmedLines:

@@ -1,14 +1,22 @@
-"""How a diagnosis looks: one JSON object (DESIGN section 5) or a short page for a person."""
+"""How trainguard's results look: a diagnosis as one JSON object (DESIGN section 5) or a short page for
+a person; a run's state and command as a person reads them."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+from typing import TYPE_CHECKING
 
 from trainguard import causes
+from trainguard._i18n import choose_language
 from trainguard.cli import output
 from trainguard.diagnosis.classify import Diagnosis
 from trainguard.diagnosis.evidence import SILENT_END, Observation
 from trainguard.postmortem import Report, diagnosis_dict
+
+if TYPE_CHECKING:  # `trainguard diagnose` renders through this module and need not open the registry
+    from trainguard.store.registry import Run
 
 _LABELS = {
     "en": {
@@ -111,3 +119,25 @@ def print_diagnosis(report: Report, lang: str) -> None:
         console.print(f"\n[dim]{labels['also']}: {also}[/]")
     console.print(f"[dim]{labels['scanned'].format(lines=report.lines_scanned, size=_size(report.bytes_scanned))}[/]")
     console.file.flush()
+
+
+# The five public states (DESIGN section 5) as a person reads them in Chinese.
+STATE_ZH = {
+    "running": "运行中",
+    "restarting": "等待重启",
+    "succeeded": "已成功",
+    "failed": "已失败",
+    "stopped": "已停止",
+}
+
+
+def shell_join(command: list[str]) -> str:
+    """A command as a person would type it again: quoted where the shell needs it."""
+    return shlex.join(command)
+
+
+def ended_line(run: Run) -> str:
+    """The state an ended run is in and why, as one line."""
+    reason = run.reason_in(choose_language(None, os.environ))
+    state = output.say(f"run {run.id}: {run.state}", f"运行 {run.id}：{STATE_ZH[run.state]}")
+    return state + (f" ({reason})" if reason else "")

@@ -1,0 +1,126 @@
+"""``trainguard logs``: a run's output, every attempt's after its marker line, and following it live
+(also what ``trainguard run --follow`` shows)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import click
+
+from trainguard._i18n import choose_language
+from trainguard.cli.output import say
+from trainguard.cli.params import open_registry
+from trainguard.errors import UsageError
+from trainguard.store.registry import Registry, Run
+from trainguard.store.runlogs import attempt_region, start_marker
+from trainguard.store.states import TERMINAL_STATES, RunState
+
+
+def _copy(path: str, start: int, end: int | None) -> int:
+    """Print a file's bytes from ``start`` to ``end``; the position reached."""
+    with open(path, "rb") as log:
+        log.seek(start)
+        remaining = None if end is None else end - start
+        while remaining is None or remaining > 0:
+            chunk = log.read(1 << 20 if remaining is None else min(1 << 20, remaining))
+            if not chunk:
+                break
+            sys.stdout.buffer.write(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+        position = log.tell()
+    sys.stdout.flush()
+    return position
+
+
+def _print_attempts(run_record: Run, only: int | None) -> None:
+    """Each attempt's output after its marker line (a note on stderr for a log that is gone)."""
+    lang = choose_language(None, os.environ)
+    previous = None
+    for attempt in run_record.attempts:
+        if only is None or attempt.n == only:
+            region = attempt_region(run_record, attempt)
+            if attempt.log_path:
+                sys.stdout.write(start_marker(attempt, previous, lang))
+                sys.stdout.flush()
+            try:
+                _copy(region.path, region.start, region.end)
+            except OSError:
+                gone = say(
+                    f"trainguard: the log of attempt {attempt.n} ({region.path}) no longer exists",
+                    f"trainguard：第 {attempt.n} 次尝试的日志（{region.path}）已不存在",
+                )
+                click.echo(gone, err=True)
+        previous = attempt
+
+
+class _suppress_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, FileNotFoundError)
+
+
+@click.command()
+@click.argument("ref", metavar="RUN")
+@click.option("-f", "--follow", "follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option("--attempt", type=int, help="Only this attempt's output.")
+def logs(ref: str, follow: bool, attempt: int | None) -> int:
+    """Print a run's log: every attempt's output, each after a marker line."""
+    registry = open_registry()
+    run_record = registry.resolve(ref)
+    if attempt is not None and all(a.n != attempt for a in run_record.attempts):
+        raise UsageError(f"run {run_record.id} has no attempt {attempt}",
+                         f"运行 {run_record.id} 没有第 {attempt} 次尝试")  # fmt: skip
+    chosen = [a for a in run_record.attempts if attempt is None or a.n == attempt]
+    if chosen and not follow and not any(attempt_region(run_record, a).exists() for a in chosen):
+        paths = sorted({attempt_region(run_record, a).path for a in chosen})
+        raise UsageError(f"run {run_record.id}: its log no longer exists ({', '.join(paths)})",
+                         f"运行 {run_record.id}：日志已不存在（{', '.join(paths)}）")  # fmt: skip
+    _print_attempts(run_record, attempt)
+    if follow and (attempt is None or attempt == run_record.attempts[-1].n):
+        last = run_record.attempts[-1] if run_record.attempts else None
+        position = 0
+        if last is not None:
+            region = attempt_region(run_record, last)
+            try:
+                position = region.end if region.end is not None else os.path.getsize(region.path)
+            except OSError:
+                position = region.start
+        follow_run(registry, run_record, last.n if last else None, position)
+    return 0
+
+
+def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, position: int = 0) -> None:
+    """Print new output as it comes from ``position`` of attempt ``attempt_n`` (from the first
+    attempt when None), moving on to each new attempt's log after its marker, until the run ends."""
+    lang = choose_language(None, os.environ)
+    current = next((a for a in record.attempts if a.n == attempt_n), None)
+    try:
+        while True:
+            if current is not None:
+                region = attempt_region(record, current)
+                with _suppress_missing():
+                    position = _copy(region.path, max(position, region.start), region.end)
+            record = registry.get(record.id) or record
+            newer = [a for a in record.attempts if current is None or a.n > current.n]
+            if newer:
+                if current is not None:  # what the old attempt wrote last, then the new one's marker
+                    with _suppress_missing():
+                        _copy(region.path, position, region.end)
+                previous, current = current, newer[0]
+                if current.log_path:
+                    sys.stdout.write(start_marker(current, previous, lang))
+                position = 0
+                continue
+            if RunState(record.state) in TERMINAL_STATES:
+                if current is not None:
+                    with _suppress_missing():
+                        _copy(region.path, position, region.end)
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        click.echo(say("\n(stopped following; the job goes on)", "\n（已停止跟踪；作业继续运行）"), err=True)

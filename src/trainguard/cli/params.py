@@ -1,0 +1,55 @@
+"""What the run commands read from their command line: option values parsed into durations, sizes and
+signal numbers (an unreadable one is a usage error naming its option), and the registry in which a
+RUN argument is looked up."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+
+from trainguard.errors import UsageError
+from trainguard.paths import state_dir
+from trainguard.store.registry import Registry, close_runs_lost_to_reboot
+from trainguard.units import parse_duration, parse_size
+
+T = TypeVar("T")
+
+
+def _parsed_by(parse: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], T | None]:
+    """An option callback reading the value with ``parse``; its ValueError becomes a usage error that
+    names the option."""
+
+    def callback(_ctx: click.Context, param: click.Parameter, value: str | None) -> T | None:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            flag = f"--{param.name.replace('_', '-')}"
+            raise UsageError(f"{flag}: {exc}", f"{flag}：{exc}") from None
+
+    return callback
+
+
+as_duration = _parsed_by(parse_duration)  # 90s, 30m, 1h, or seconds: in seconds
+as_size = _parsed_by(parse_size)  # 64G, 512M, or bytes: in bytes
+
+
+def as_signal_number(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    """--stop-signal's value (TERM, SIGTERM, usr1) as its number."""
+    name = value.upper() if value.upper().startswith("SIG") else f"SIG{value.upper()}"
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        raise UsageError(f"--stop-signal: unknown signal {value!r}", f"--stop-signal：未知信号 {value!r}") from None
+
+
+def open_registry() -> Registry:
+    """This machine's registry of runs; runs still recorded active from before its last boot are closed
+    first (they died with it)."""
+    registry = Registry(state_dir())
+    close_runs_lost_to_reboot(registry)
+    return registry
