@@ -24,6 +24,7 @@ from trainguard.diagnosis.evidence import (
     observations_of_a_silent_end,
     pids_in,
 )
+from trainguard.diagnosis.oom_evidence import SENDER_UNKNOWN, OomDeltas, judge_oom_counts
 from trainguard.diagnosis.scan import Scanner
 from trainguard.diagnosis.signatures import Role, SignatureTable, default_table
 from trainguard.paths import cache_dir
@@ -62,6 +63,7 @@ def investigate(
     kernel_readable: bool = False,
     launch: launch_facts.LaunchFacts | None = None,
     logs_are_all: bool = False,
+    oom_deltas: OomDeltas | None = None,
 ) -> Report:
     """``kernel_readable``: the kernel log of the time of death was read (it is in
     ``kernel_lines``, whatever it holds). A SIGKILL with no OOM kill of the job in a readable kernel
@@ -69,6 +71,10 @@ def investigate(
 
     ``launch``: the job ran under a launcher (torchrun, DeepSpeed, Accelerate), so its ranks are
     judged one by one and the cause is that of the rank that failed first (see ``judge_ranks``).
+
+    ``oom_deltas``: the OOM kills the machine and the job's memory cgroup counted during the attempt
+    (read by the supervisor at its start and its death): they decide a SIGKILL where the kernel log
+    cannot be read, and where nothing decides it both readings stand, with how to tell them apart.
 
     ``logs_are_all``: nobody saw the job end (a log file handed to ``diagnose``; it may even still
     run): a log that reports no failure at all is read as such (stuck, or stopped without a word)."""
@@ -91,8 +97,16 @@ def investigate(
         job_pids=set(job_pids) if job_pids is not None else None,
         mentioned_pids=mentioned,
     )
+    counted = judge_oom_counts(oom_deltas) if oom_deltas is not None else None
+    if counted is not None:
+        observations += counted.observations
     if kernel_readable:
         observations = sigkill_without_oom_is_killed(observations)
+    elif counted is not None and counted.decided:
+        observations = sigkill_without_oom_is_killed(observations, counted.reason)
+    elif counted is not None and any(o.sigkill for o in observations):
+        observations = [replace(o, note=o.note or SENDER_UNKNOWN.note) if o.sigkill else o for o in observations]
+        observations.append(SENDER_UNKNOWN)
     if logs_are_all and exit_status is None:
         observations += observations_of_a_silent_end(observations, table.silent_end)
     names = [log.name for log in logs]
@@ -198,17 +212,18 @@ def _earliest(observations: Sequence[Observation]) -> tuple[float, tuple[int, in
     return min((_earliest_key(o) for o in observations), default=(float("inf"), (1 << 30, 0)))
 
 
-def sigkill_without_oom_is_killed(observations: list[Observation]) -> list[Observation]:
+def sigkill_without_oom_is_killed(observations: list[Observation], reason: Text | None = None) -> list[Observation]:
     """Read every SIGKILL as ``killed`` when the kernel (or the job's cgroup) recorded no OOM kill
-    that could be the job's: the OOM killer always leaves a record, so someone else sent it."""
+    that could be the job's: the OOM killer always leaves a record, so someone else sent it.
+    ``reason``: where that record was looked for, when not in a readable kernel log."""
     oom_recorded = any(
         o.cause == "host_oom" and o.source in ("kernel", "telemetry") and o.weight > 0 and o.role is not Role.SUPPORT
         for o in observations
     )
     if oom_recorded:
         return observations
-    note = Text("a readable kernel log holds no OOM kill of the job: the SIGKILL came from outside",
-                "内核日志可读，且没有作业被 OOM 杀死的记录：SIGKILL 来自外部")
+    note = reason or Text("a readable kernel log holds no OOM kill of the job: the SIGKILL came from outside",
+                          "内核日志可读，且没有作业被 OOM 杀死的记录：SIGKILL 来自外部")
     return [replace(o, cause="killed", note=o.note or note) if o.sigkill else o for o in observations]
 
 

@@ -15,10 +15,11 @@ from typing import Any
 from trainguard import _untrusted as untrusted
 from trainguard.diagnosis import launch
 from trainguard.diagnosis.evidence import ExitStatus, Observation
+from trainguard.diagnosis.oom_evidence import OomDeltas
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
 from trainguard.postmortem import LogSource, Report, investigate
-from trainguard.probes import kernel_log
+from trainguard.probes import kernel_log, oom_counters
 from trainguard.supervisor import launchers
 
 KERNEL_SLACK_S = 5.0
@@ -68,7 +69,10 @@ def attempt_report(
     hang_timeout_s: float | None = None,
     extra: list[Observation] | None = None,
     kernel_tail: kernel_log.KernelTail | None = None,
+    oom_before: oom_counters.OomCounts | None = None,
 ) -> Report:
+    """``oom_before``: the OOM counters read at the attempt's start; read again now, they say
+    whether the OOM killer struck during the attempt where the kernel log cannot be read."""
     extra = list(extra or [])
     if hang_timeout_s is not None:
         extra.append(
@@ -99,7 +103,18 @@ def attempt_report(
     except kernel_log.KernelLogUnavailable:
         kernel_lines, kernel_readable = [], False
     return investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines, job_pids=pids, extra=extra,
-                       kernel_readable=kernel_readable, launch=facts)  # fmt: skip
+                       kernel_readable=kernel_readable, launch=facts,
+                       oom_deltas=oom_deltas(oom_before) if oom_before is not None else None)  # fmt: skip
+
+
+def oom_deltas(before: oom_counters.OomCounts) -> OomDeltas:
+    """The OOM kills counted since ``before``, on the machine and in the same memory cgroup."""
+    after = oom_counters.read(cgroup_file=before.cgroup_path) if before.cgroup_path else oom_counters.read()
+
+    def delta(start: int | None, end: int | None) -> int | None:
+        return end - start if start is not None and end is not None and end >= start else None
+
+    return OomDeltas(delta(before.system, after.system), delta(before.cgroup, after.cgroup), before.cgroup_path)
 
 
 def launch_record_path(error_file: str) -> str:
