@@ -241,3 +241,10 @@ def test_a_log_with_a_crash_s_nul_bytes_is_read_not_refused_as_binary(tmp_path: 
     only_nuls = tmp_path / "empty.log"
     only_nuls.write_bytes(b"\x00" * 70000)
     assert run(str(only_nuls), "--json").returncode == 0
+
+
+def test_an_empty_standard_input_is_a_one_line_error_not_a_verdict(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "trainguard", "diagnose"], input=b"", capture_output=True, check=False)
+    assert done.returncode == 2 and b"empty" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    judged = run("-", "--exit-code", "137", "--json", stdin=b"")  # the exit status alone is something to judge
+    assert judged.returncode == 0, judged.stderr

@@ -135,6 +135,10 @@ def diagnose(
                                  kernel_readable=kernel_readable, logs_are_all=True)  # fmt: skip
         except OSError as exc:
             raise InputError(f"cannot read the log: {exc.strerror}", f"无法读取日志：{exc.strerror}") from exc
+    if targets == ("-",) and report.bytes_scanned == 0 and exit_status is None and not kernel_lines:
+        # An empty pipe is a command that printed nothing (`kubectl logs` of the wrong pod), not a log.
+        raise InputError("standard input is empty: nothing to judge (pipe the job's log, or give --exit-code)",
+                         "标准输入为空：没有可判断的内容（请通过管道传入作业日志，或给出 --exit-code）")  # fmt: skip
     for warning in warnings:
         click.echo(f"trainguard: warning: {warning}", err=True)
     return _print(report, as_json, lang)
