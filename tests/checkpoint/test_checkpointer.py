@@ -19,7 +19,9 @@ import torch
 
 from tests.real import faults
 from trainguard import Checkpointer, CheckpointError, capture_rng, restore_rng
-from trainguard.checkpoint._format import MANIFEST_FILE, complete_checkpoints, write_checkpoint
+from trainguard.checkpoint._atomic_write import write_checkpoint
+from trainguard.checkpoint._format import MANIFEST_FILE
+from trainguard.checkpoint._verified_read import complete_checkpoints
 
 
 class FakeClock:

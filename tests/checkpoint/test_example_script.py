@@ -1,4 +1,4 @@
-"""The README's example script: stopped by SIGTERM, started again, it resumes instead of starting over."""
+"""The example script (docs/library.md): stopped by SIGTERM, started again, it resumes instead of starting over."""
 
 from __future__ import annotations
 

@@ -20,7 +20,10 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from trainguard.checkpoint._format import CheckpointError, prune, prune_jobs, write_checkpoint, write_shard
+from trainguard.checkpoint._atomic_write import write_checkpoint
+from trainguard.checkpoint._format import CheckpointError
+from trainguard.checkpoint._retention import prune
+from trainguard.checkpoint._shards import prune_jobs, write_shard
 
 
 def serve(connection: Connection, memfd: int) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.checkpoint import layouts
-from trainguard.checkpoint._format import folder_bytes
+from trainguard.checkpoint._retention import folder_bytes
 
 
 @dataclass(frozen=True)
