@@ -8,16 +8,18 @@ import errno
 import itertools
 import socket
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trainguard.errors import UsageError
+from trainguard.monitor.metrics_server import MetricsServer
 from trainguard.monitor.sampler import GpuSample, Sample, Sampler
 from trainguard.store.registry import Registry
 
@@ -178,13 +180,17 @@ def kernel_xid_counter() -> Callable[[], Counter]:
     return count
 
 
-def serve(port: int, bind: str, collector: Collector) -> Any:
+def serve(port: int, bind: str, collector: Collector) -> MetricsServer:
+    """Serves the collector at http://BIND:PORT/metrics from a thread of its own until the process ends
+    or the returned server's ``shutdown()``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
-        return start_http_server(port, addr=bind, registry=registry)
+        server = MetricsServer(bind, port, make_wsgi_app(registry))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise UsageError(f"port {port} on {bind} is in use", f"{bind} 上的端口 {port} 已被占用") from exc
         raise UsageError(f"cannot serve metrics on {bind}:{port}: {exc.strerror}",
                          f"无法在 {bind}:{port} 上提供指标：{exc.strerror}") from exc  # fmt: skip
+    threading.Thread(target=server.serve_forever, name="trainguard-metrics", daemon=True).start()
+    return server
