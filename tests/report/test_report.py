@@ -127,3 +127,25 @@ def test_the_page_renders_in_headless_chromium_without_errors(page, tmp_path: Pa
 def test_an_unknown_run_is_one_line(tmp_path: Path) -> None:
     done = tg(tmp_path, "report", "nosuchrun")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no run" in done.stderr
+
+
+def test_names_commands_and_quoted_log_lines_show_their_control_characters() -> None:
+    """A name with ESC, BEL and a right-to-left override, a command, an alert and a line quoted from the
+    log as a death's evidence: the page holds none of those characters raw, each is written out."""
+    from trainguard.report.html import render
+    from trainguard.store.registry import Attempt, Run
+
+    line = "step 7 \x1b]0;x\x07 loss \u202e0.25"
+    diagnosis = {"cause": "python_error", "title": "Python exception", "confidence": 0.9,
+                 "evidence": [{"source": "attempt-1.log", "line": 2, "text": line}], "fixes": ["fix it"]}  # fmt: skip
+    run = Run(id="a1b2c3d4", name="evil\x1b]0;pwned\x07\u202egpj.exe", host="node1",
+              command=["python", "train.py", "--tag", "\u202ex"], cwd="/", created_at=100.0, state="failed",
+              run_dir="/tmp/x", log_path="/tmp/x/output.log", options={},
+              attempts=[Attempt(1, 100.0, 160.0, exit_code=1, cause="python_error", confidence=0.9,
+                                diagnosis=diagnosis)])  # fmt: skip
+    events = [{"time": 150.0, "kind": "alert", "rule": "new_xid", "message": "Xid 79 \x1b[2J"},
+              {"time": 140.0, "kind": "checkpoint", "attempt": 1, "path": "/ck/\u202estep-5", "step": 5}]  # fmt: skip
+    page = render(run, [], events, now=200.0)
+    assert not any(raw in page for raw in ("\x1b", "\x07", "\u202e"))
+    assert "evil\\x1b]0;pwned\\x07\\u202egpj.exe" in page and "\\u202ex" in page
+    assert "step 7 \\x1b]0;x\\x07 loss \\u202e0.25" in page and "Xid 79 \\x1b[2J" in page

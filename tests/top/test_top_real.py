@@ -90,7 +90,8 @@ def test_the_snapshot_shows_each_real_run_as_it_is(home: Path) -> None:
     assert broken.rss is None and not broken.active
     assert (preempt.state, preempt.attempt) == ("succeeded", 2)
     assert preempt.step == 29 and 0 < preempt.goodput < 1
-    assert preempt.alert and "preempted" in preempt.alert  # the death alert the supervisor raised
+    # Its death alert cleared when attempt 2 resumed and finished: what is left is the cause it died of.
+    assert preempt.alert is None and preempt.last_cause == "preempted"
     assert snap.gpus == () and "no NVIDIA GPU" in text_of(render.gpu_panel(snap, 120, "en"))
     assert snap.host.mem_total and snap.host.shm_total and snap.host.disks[0].label == "state"
 
@@ -181,6 +182,9 @@ def test_a_narrow_terminal_gets_fewer_columns_and_chinese_texts(home: Path) -> N
     narrow = text_of(render.runs_table(snap, 0, 50, "en"), 50)
     assert "GOODPUT" in wide and "GOODPUT" not in medium and "RSS / LIMIT" in medium
     assert "RSS" not in narrow and "STEP" in narrow and all(len(line) <= 50 for line in narrow.splitlines())
+    at_80 = text_of(render.runs_table(snap, 0, 80, "en"), 80)
+    assert "ALERT" in at_80 and "python_error" in at_80 and "preempted" in at_80  # the alert column stays
+    assert all(name in at_80 for name in ("live", "broken", "preempt"))
     zh = text_of(render.whole_view(snap, 120, "zh"), 120)
     assert "运行" in zh and "看不到 NVIDIA GPU" in zh and "失败" in zh and "内存" in zh
 

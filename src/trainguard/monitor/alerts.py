@@ -110,12 +110,15 @@ def evaluate(samples: Sequence[Sample], *, checkpoint_bytes: int | None = None) 
 
 @dataclass
 class Episodes:
-    """Remembers which alerts are active, so each fires once per episode."""
+    """Remembers which alerts are active, so each fires once per episode; ``ended``: the episodes
+    (rule, key) that the last update saw end."""
 
     active: set[tuple[str, str]] = field(default_factory=set)
+    ended: list[tuple[str, str]] = field(default_factory=list)
 
     def update(self, current: Sequence[Alert]) -> list[Alert]:
         keys = {(a.rule, a.key) for a in current}
         new = [a for a in current if (a.rule, a.key) not in self.active]
+        self.ended = sorted(self.active - keys)
         self.active = keys
         return new

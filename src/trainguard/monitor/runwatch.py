@@ -119,11 +119,15 @@ class RunMonitor:
         self.journal.add_sample(self.run_id, sample.time, sample.to_dict())
         for alert in self.episodes.update(evaluate(list(self.recent), checkpoint_bytes=self.checkpoint_bytes())):
             self.alert(alert.rule, alert.severity, alert)
+        for rule, key in self.episodes.ended:  # what the view shows as standing clears with its condition
+            self.journal.event("alert_cleared", {"rule": rule, "key": key})
         return sample
 
     def alert(self, rule: str, severity: str, alert: Alert | None = None, *, en: str = "", zh: str = "") -> None:
+        """Record and send an alert: of a condition's episode (``alert``, with its key), or of an event."""
         en, zh = (alert.en, alert.zh) if alert else (en, zh)
-        self.journal.event("alert", {"rule": rule, "severity": severity, "message": en, "message_zh": zh})
+        record = {"rule": rule, "severity": severity, "message": en, "message_zh": zh}
+        self.journal.event("alert", {**record, "key": alert.key} if alert else record)
         run = self.journal.run
         for notifier in self.notifiers:
             text = zh if notifier.lang == "zh" else en

@@ -4,7 +4,8 @@ job's memory against its limit, host RAM, GPU memory against the card, utilisati
 /dev/shm, free disk — with each attempt shaded and labelled with its cause of death; what the deaths
 cost (goodput); the diagnosis of each death with its evidence and fixes; the alerts. Charts by
 plotly, its JavaScript inlined so the page opens without a network. English or Chinese. A pure
-function of the run's records."""
+function of the run's records. Every recorded text (names, commands, lines quoted from a log) is
+escaped, with its control characters made visible (a bidi override would reorder what follows)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from trainguard import causes
 from trainguard import goodput as goodput_module
+from trainguard._terminal import visible
 from trainguard.store.states import PUBLIC_STATE, RunState
 from trainguard.units import format_duration, format_size
 
@@ -118,6 +120,10 @@ TEXTS: dict[str, tuple[str, str]] = {
 def _t(key: str, lang: str, **values: str) -> str:
     en, zh = TEXTS[key]
     return (zh if lang == "zh" else en).format(**values)
+
+
+def _escape(text: object) -> str:
+    return html.escape(visible(str(text)))
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,7 @@ def _resource_rows(samples: list[dict[str, Any]], run: Any, lang: str) -> list[_
         names = {run.run_dir: _t("run_folder", lang), run.options.get("checkpoint_dir"): _t("checkpoint_folder", lang)}
         series = []
         for path in paths:
-            label = f"{names[path]} ({path})" if path in names else path
+            label = visible(f"{names[path]} ({path})" if path in names else path)
             series.append((label, [s["disk_free"][path] / GIB if path in s.get("disk_free", {}) else None
                                    for s in samples], {}))  # fmt: skip
         top = _max(v for _, values, _ in series for v in values)
@@ -287,8 +293,8 @@ def timeline_figure(run: Any, samples: list[dict[str, Any]], checkpoints: Sequen
                                hovertemplate=f"{label}: {_t('step', lang)} %{{y}}<extra></extra>")  # fmt: skip
     if checkpoints:
         ys = [m.step if m.step is not None else (0 if with_steps else 1) for m in checkpoints]
-        texts = [f"{_t('checkpoint', lang)} {_t('step', lang)} {m.step} · {m.path or ''}" if m.step is not None
-                 else f"{_t('checkpoint', lang)} · {m.path or ''}" for m in checkpoints]  # fmt: skip
+        texts = [visible(f"{_t('checkpoint', lang)} {_t('step', lang)} {m.step} · {m.path or ''}" if m.step is not None
+                         else f"{_t('checkpoint', lang)} · {m.path or ''}") for m in checkpoints]  # fmt: skip
         figure.add_scatter(x=[_dt(m.time) for m in checkpoints], y=ys, mode="markers", name=_t("checkpoint", lang),
                            marker={"symbol": "diamond", "size": 9, "color": "#073642"}, hovertext=texts,
                            hoverinfo="text", row=1, col=1, showlegend=False)  # fmt: skip
@@ -313,7 +319,7 @@ def timeline_figure(run: Any, samples: list[dict[str, Any]], checkpoints: Sequen
         if line is not None:
             figure.add_vline(x=_dt(end).timestamp() * 1000, line_color=line, line_dash="dot", line_width=1.5)
         figure.add_annotation(x=_dt(attempt.started_at + (end - attempt.started_at) / 2), y=0.98, xref="x",
-                              yref="y domain", yanchor="top", text=f"<b>{html.escape(text)}</b>", showarrow=False,
+                              yref="y domain", yanchor="top", text=f"<b>{_escape(text)}</b>", showarrow=False,
                               font={"size": 12, "color": line or "#268bd2"}, bgcolor="rgba(255,255,255,0.7)")  # fmt: skip
     figure.update_layout(height=170 + 200 * len(rows), margin={"l": 60, "r": 30, "t": 70, "b": 40},
                          template="plotly_white", hovermode="x unified",
@@ -324,7 +330,7 @@ def timeline_figure(run: Any, samples: list[dict[str, Any]], checkpoints: Sequen
 
 
 def _goodput_section(result: goodput_module.Goodput, lang: str) -> str:
-    e = html.escape
+    e = _escape
     if result.ratio is None:
         return f"<p>{e(goodput_module.describe(result, lang))}</p>"
     parts = [("kept", result.kept_s, "#859900"), ("recomputed", result.recomputed_s, "#dc322f"),
@@ -375,8 +381,8 @@ def render(run: Any, samples: list[dict[str, Any]], events: Sequence[Mapping[str
     checkpoints found in its folder that no event recorded (runs from before they were recorded)."""
     checkpoints = checkpoint_markers(events, extra_checkpoints)
     message_key = "message_zh" if lang == "zh" else "message"
-    alerts = [Marker(float(e["time"]), str(e.get(message_key) or e.get("message") or e.get("rule", "alert")), "alert")
-              for e in events if e.get("kind") == "alert"]  # fmt: skip
+    alerts = [Marker(float(e["time"]), visible(str(e.get(message_key) or e.get("message") or e.get("rule", "alert"))),
+                     "alert") for e in events if e.get("kind") == "alert"]  # fmt: skip
     result = goodput_module.compute(
         goodput_module.attempt_records(run.attempts),
         [goodput_module.CheckpointMark(m.time, m.step, m.path) for m in checkpoints],
@@ -385,7 +391,7 @@ def render(run: Any, samples: list[dict[str, Any]], events: Sequence[Mapping[str
     )
     figure = timeline_figure(run, samples, checkpoints, alerts, lang=lang, now=now)
     chart = figure.to_html(full_html=False, include_plotlyjs="inline", config={"displaylogo": False})
-    e = html.escape
+    e = _escape
     rows = []
     for a in run.attempts:
         if a.exit_code is not None:

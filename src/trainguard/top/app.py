@@ -16,6 +16,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from trainguard._terminal import visible
 from trainguard.top import render
 from trainguard.top.collect import Collector, log_tail
 from trainguard.top.model import Snapshot
@@ -25,7 +26,8 @@ LOG_LINES = 200
 
 
 class TextScreen(ModalScreen[None]):
-    """A full-screen text (a log tail, a diagnosis) over the live view; esc or q closes it."""
+    """A full-screen text (a log tail, a diagnosis) over the live view; esc or q closes it. The title is
+    one line, shown with its control characters visible; the body comes as a renderable made so."""
 
     BINDINGS: ClassVar = [Binding("escape,q", "close", "close")]
     DEFAULT_CSS = """
@@ -42,7 +44,7 @@ class TextScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="text-scroll"):
-            yield Static(Text(self.title_text, style="bold"), id="text-title")
+            yield Static(Text(visible(self.title_text), style="bold"), id="text-title")
             yield Static(self.body, id="text-body")
 
     def on_mount(self) -> None:
@@ -59,6 +61,8 @@ class TextScreen(ModalScreen[None]):
 
 
 class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question. Shown as plain text, never as markup: its "[y]" and "[n]" are keys to read."""
+
     BINDINGS: ClassVar = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
@@ -70,7 +74,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Static(self.question, id="question")
+        yield Static(Text(self.question), id="question")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
@@ -105,11 +109,11 @@ class TopApp(App[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(id="title")
-            yield Static(render.t("runs", self.lang), classes="section")
+            yield Static(Text(render.t("runs", self.lang)), classes="section")
             yield Static(id="runs")
-            yield Static(render.t("gpus", self.lang), classes="section")
+            yield Static(Text(render.t("gpus", self.lang)), classes="section")
             yield Static(id="gpus")
-            yield Static(render.t("host", self.lang), classes="section")
+            yield Static(Text(render.t("host", self.lang)), classes="section")
             yield Static(id="host")
         yield Static(id="status")
 
@@ -133,7 +137,7 @@ class TopApp(App[None]):
         width, height = self.size.width, self.size.height
         snap = self.snapshot
         self.query_one("#title", Static).update(
-            Text(f"trainguard top · {snap.hostname} · {snap.state_dir}", style="bold")
+            Text(visible(f"trainguard top · {snap.hostname} · {snap.state_dir}"), style="bold")
         )
         max_rows = max(3, height // 2 - 2)
         self.query_one("#runs", Static).update(render.runs_table(snap, self.selected, width, self.lang, max_rows))
@@ -141,7 +145,8 @@ class TopApp(App[None]):
         self.query_one("#host", Static).update(render.host_panel(snap.host, width, self.lang))
         keys = render.t("keys" if width >= render.NARROW else "keys_short", self.lang)
         errors = "  " + "; ".join(snap.errors) if snap.errors else ""
-        self.query_one("#status", Static).update(Text(f"{self.message or keys}{errors}", overflow="ellipsis"))
+        status = visible(f"{self.message or keys}{errors}")  # a message may quote a run's name or a command's output
+        self.query_one("#status", Static).update(Text(status, overflow="ellipsis"))
 
     # ------------------------------------------------------------------ keys
     def selected_run(self) -> Any:
@@ -166,7 +171,9 @@ class TopApp(App[None]):
         def body() -> Text:
             fresh = self.collector.run(run.id) or run
             _, lines = log_tail(fresh, LOG_LINES)
-            return Text("\n".join(lines)) if lines else Text(render.t("log_empty", self.lang), style="dim")
+            if not lines:
+                return Text(render.t("log_empty", self.lang), style="dim")
+            return Text("\n".join(visible(line) for line in lines))
 
         path, _ = log_tail(run, 1)
         n = run.attempts[-1].n if run.attempts else "-"
@@ -191,7 +198,7 @@ class TopApp(App[None]):
             self.draw()
             return
         grace = format_duration(float(run.options.get("grace_s", 120)))
-        question = render.t("confirm_stop", self.lang, run=run.name or run.id, grace=grace)
+        question = render.t("confirm_stop", self.lang, run=visible(run.name or run.id), grace=grace)
 
         def answered(yes: bool | None) -> None:
             if yes:

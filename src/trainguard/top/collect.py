@@ -1,7 +1,7 @@
 """Reading the world for `trainguard top`, cheaply enough to do every second or two: the registry
-(runs, their newest checkpoint and alert), each active attempt's progress file, the job's process
-tree RSS, NVML directly (GPUs and the processes on them), psutil for host RAM and swap, statvfs for
-/dev/shm and the disks. Goodput of ended runs is computed once and kept."""
+(runs, their newest checkpoint, the alert that still stands), each active attempt's progress file,
+the job's process tree RSS, NVML directly (GPUs and the processes on them), psutil for host RAM and
+swap, statvfs for /dev/shm and the disks. Goodput of ended runs is computed once and kept."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import psutil
 
 from trainguard import goodput, progress
 from trainguard.monitor.sampler import Sampler, tree_rss
+from trainguard.monitor.standing import EVENT_KINDS, standing_alert
 from trainguard.store.registry import Registry, Run
 from trainguard.top.model import (
     DiskView,
@@ -72,7 +73,8 @@ class Collector:
             if current.pid:
                 rss = tree_rss(current.pid)
         newest = self.registry.latest_event(run.id, "checkpoint")
-        alert = self.registry.latest_event(run.id, "alert")
+        # An ended run has no standing alert (its state and cause say how it ended): nothing to read.
+        alert = standing_alert(self.registry.events(run.id, kinds=EVENT_KINDS), now=now) if run.active else None
         return run_view(run, now=now, reported=reported, newest_checkpoint=newest, rss=rss,
                         machine_memory=machine_memory, alert=alert, goodput=self._goodput(run, now),
                         lang=self.lang)  # fmt: skip
