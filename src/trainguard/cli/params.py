@@ -10,6 +10,7 @@ from typing import TypeVar
 
 import click
 
+from trainguard._terminal import has_control, visible
 from trainguard.errors import UsageError
 from trainguard.paths import state_dir
 from trainguard.store.registry import Registry, close_runs_lost_to_reboot
@@ -45,6 +46,17 @@ def as_signal_number(_ctx: click.Context, _param: click.Parameter, value: str) -
         return int(signal.Signals[name])
     except KeyError:
         raise UsageError(f"--stop-signal: unknown signal {value!r}", f"--stop-signal：未知信号 {value!r}") from None
+
+
+def _run_name(value: str) -> str:
+    """A run name is printed by run, ps, status and top: one that a terminal would act on (ESC, BEL,
+    a bidi override) or that hides itself (blank) is refused."""
+    if not value.strip() or has_control(value):
+        raise ValueError(f"{visible(value)!r} is not a usable name: give one without control characters")
+    return value
+
+
+as_run_name = _parsed_by(_run_name)
 
 
 def open_registry() -> Registry:

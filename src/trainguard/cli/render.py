@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from trainguard import causes
 from trainguard._i18n import choose_language
+from trainguard._terminal import visible
 from trainguard.cli import output
 from trainguard.diagnosis.classify import Diagnosis
 from trainguard.diagnosis.evidence import SILENT_END, Observation
@@ -97,7 +98,8 @@ def print_diagnosis(report: Report, lang: str) -> None:
                 # trainguard's own words, not a line of the log: in the reader's language
                 table.add_row(_where(obs, lang), escape(obs.note.pick(lang)))
                 continue
-            shown = obs.text if len(obs.text) <= _SHOWN_TEXT else obs.text[:_SHOWN_TEXT] + "…"
+            text = visible(obs.text)
+            shown = text if len(text) <= _SHOWN_TEXT else text[:_SHOWN_TEXT] + "…"
             text = escape(shown)
             if obs.note:
                 text += f"\n[dim]{escape(obs.note.pick(lang))}[/]"
@@ -132,8 +134,9 @@ STATE_ZH = {
 
 
 def shell_join(command: list[str]) -> str:
-    """A command as a person would type it again: quoted where the shell needs it."""
-    return shlex.join(command)
+    """A command as a person would type it again: quoted where the shell needs it, with any control
+    character written out (a terminal must never act on what a record holds)."""
+    return visible(shlex.join(command))
 
 
 def ended_line(run: Run) -> str:

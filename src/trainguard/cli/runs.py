@@ -17,7 +17,7 @@ from trainguard.checkpoint.layouts import LAYOUTS
 from trainguard.cli.finish import Finish, under_slurm
 from trainguard.cli.logs import follow_run
 from trainguard.cli.output import say
-from trainguard.cli.params import as_duration, as_signal_number, as_size, open_registry
+from trainguard.cli.params import as_duration, as_run_name, as_signal_number, as_size, open_registry
 from trainguard.cli.render import ended_line, shell_join
 from trainguard.errors import UsageError
 from trainguard.monitor.notify import from_config, from_flag, to_record
@@ -61,7 +61,8 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--name", help="A name that stands for the run; the name of an ended run continues that run.")
+@click.option("--name", callback=as_run_name,
+              help="A name that stands for the run; the name of an ended run continues that run.")
 @click.option(
     "--restart",
     type=click.Choice(["never", "on-failure", "always"]),

@@ -15,6 +15,7 @@ import click
 
 from trainguard import goodput
 from trainguard._i18n import choose_language
+from trainguard._terminal import visible
 from trainguard.cli.output import say
 from trainguard.cli.params import open_registry
 from trainguard.cli.render import STATE_ZH, shell_join
@@ -102,10 +103,10 @@ def ps(as_json: bool) -> int:
     rows = []
     zh = choose_language(None, os.environ) == "zh"
     for r in runs:
-        last = r.attempts[-1] if r.attempts else None
+        last_death = next((a.cause for a in reversed(r.attempts) if a.cause), None)  # one it recovered from too
         state = PUBLIC_STATE[RunState(r.state)]
-        rows.append([r.id, STATE_ZH[state] if zh else state, str(len(r.attempts)), r.name or "-",
-                     last.cause if last and last.cause else "-", shell_join(r.command)])  # fmt: skip
+        rows.append([r.id, STATE_ZH[state] if zh else state, str(len(r.attempts)), visible(r.name or "-"),
+                     last_death or "-", shell_join(r.command)])  # fmt: skip
     for line in _columns(header, rows):
         click.echo(line[: width - 1] + "…" if width and len(line) > width else line)
     return 0
@@ -124,10 +125,13 @@ def status(ref: str, as_json: bool) -> int:
         return 1 if info["state"] == "failed" else 0
     reason = run_record.reason_in(choose_language(None, os.environ))
     reason = f" — {reason}" if reason else ""
-    click.echo(say(f"run {info['id']} ({info['name'] or 'no name'}): {info['state']}{reason}",
-                   f"运行 {info['id']}（{info['name'] or '无名称'}）：{STATE_ZH[info['state']]}{reason}"))  # fmt: skip
-    click.echo(say(f"  command: {shell_join(info['command'])}\n  log:     {info['log_path']}",
-                   f"  命令：{shell_join(info['command'])}\n  日志：{info['log_path']}"))  # fmt: skip
+    name = visible(info["name"]) if info["name"] else None
+    click.echo(say(f"run {info['id']} ({name or 'no name'}): {info['state']}{reason}",
+                   f"运行 {info['id']}（{name or '无名称'}）：{STATE_ZH[info['state']]}{reason}"))  # fmt: skip
+    click.echo(say(f"  command: {shell_join(info['command'])}\n  folder:  {visible(run_record.cwd)}\n"
+                   f"  log:     {info['log_path']}",
+                   f"  命令：{shell_join(info['command'])}\n  目录：{visible(run_record.cwd)}\n"
+                   f"  日志：{info['log_path']}"))  # fmt: skip
     if info["supervisor"] == "gone":
         click.echo(say("  the supervisor is gone; the job may still be running unwatched (trainguard adopt)",
                        "  监督进程已不在；作业可能仍在无人监督地运行（trainguard adopt）"))  # fmt: skip
