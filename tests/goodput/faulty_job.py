@@ -1,7 +1,9 @@
-"""A training job for the goodput tests: a Checkpointer saving every 5 steps, a step every
---step-seconds, each step printed. On attempt --oom-attempt it allocates memory after printing step
---oom-step until its memory cgroup's OOM killer ends it (the step's work is never saved); the test
-SIGKILLs another attempt from outside.
+"""A training job for the goodput tests: a Checkpointer saving every --save-every steps (5; 0: no
+Checkpointer, the steps reported through trainguard.progress only), a step every --step-seconds,
+each step printed. On attempt --oom-attempt it allocates memory after printing step --oom-step until
+its memory cgroup's OOM killer ends it (the step's work is never saved); the test SIGKILLs another
+attempt from outside. It saves on a stop signal unless --no-save-on-stop: then the signal kills it
+unsaved, as a stop that kills the DataLoader workers first does.
 
     python faulty_job.py --steps 50 --step-seconds 0.1 --oom-attempt 2 --oom-step 32
 """
@@ -12,19 +14,23 @@ import argparse
 import os
 import time
 
-from trainguard import Checkpointer
+from trainguard import Checkpointer, progress
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--step-seconds", type=float, default=0.1)
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--no-save-on-stop", action="store_true")
     parser.add_argument("--oom-attempt", type=int, default=0)
     parser.add_argument("--oom-step", type=int, default=-1)
     args = parser.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "1"))
-    ckpt = Checkpointer(every=None, every_steps=5, keep=2)
-    state = ckpt.load_latest()
+    ckpt = None
+    if args.save_every:
+        ckpt = Checkpointer(every=None, every_steps=args.save_every, keep=2, handle_signals=not args.no_save_on_stop)
+    state = ckpt.load_latest() if ckpt else None
     start = state["step"] + 1 if state else 0
     if state:
         print(f"resumed from step {state['step']}", flush=True)
@@ -37,8 +43,13 @@ def main() -> int:
             hog = []
             while True:
                 hog.append(bytearray(32 * 1024 * 1024))
-        ckpt.maybe_save(step, lambda: {"step": step, "total": total})
-    ckpt.close()
+        if ckpt is None:
+            progress.report_step(step)
+        elif ckpt.maybe_save(step, lambda: {"step": step, "total": total}) and ckpt.stop_requested:
+            print(f"stopped after saving step {step}", flush=True)
+            break
+    if ckpt:
+        ckpt.close()
     print(f"done total {total}", flush=True)
     return 0
 

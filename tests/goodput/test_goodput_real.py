@@ -98,3 +98,30 @@ def test_goodput_of_a_run_killed_then_oom_killed_matches_its_logs(tmp_path: Path
     assert ratio and float(ratio.group(1)) == pytest.approx(result.ratio, abs=1e-3)
     for kind in ("recomputed", "restart", "stalled"):
         assert re.search(rf'^trainguard_run_lost_seconds\{{[^}}]*kind="{kind}"', metrics, re.MULTILINE)
+
+
+@pytest.mark.parametrize("save_every", [0, 100], ids=["no-checkpoint", "saves-on-stop"])
+def test_a_stop_keeps_only_what_was_saved(tmp_path: Path, save_every: int) -> None:
+    """`trainguard stop` of a job that saves nothing loses all it trained; of one that saves on
+    SIGTERM, nothing."""
+    home = tmp_path / "state"
+    started = tg(home, "run", "--name", "gp", "--", sys.executable, str(JOB), "--steps", "1000",
+                 "--save-every", str(save_every))  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    log = Path(json.loads(tg(home, "status", "gp", "--json").stdout)["attempts"][0]["log_path"])
+    wait_for(lambda: log.exists() and re.search(r"^step 20$", log.read_text(), re.MULTILINE))
+    assert tg(home, "stop", "gp").returncode == 0
+    info = json.loads(tg(home, "status", "gp", "--json").stdout)
+    assert info["state"] == "stopped"
+    shown = info["goodput"]
+    printed = max(int(s) for s in re.findall(r"^step (\d+)$", log.read_text(), re.MULTILINE))
+    text = tg(home, "status", "gp").stdout
+    if save_every == 0:
+        assert shown["goodput"] == 0 and shown["kept_s"] == 0
+        (loss,) = shown["losses"]
+        assert loss["cause"] is None and not loss["redone"]
+        assert abs(loss["recomputed_steps"] - printed) <= 1  # every step it printed, none saved
+        assert "goodput: 0% (0.0 s of training kept" in text and "never saved" in text
+    else:
+        assert shown["losses"] == [] and shown["kept_s"] > 1.5 and shown["goodput"] > 0.5
+        assert re.search(rf"^stopped after saving step {printed}$", log.read_text(), re.MULTILINE)

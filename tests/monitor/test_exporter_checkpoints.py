@@ -1,7 +1,8 @@
 """What the exporter says about a run's checkpoints and its end, read from real checkpoint folders
 (written by the Checkpointer, or files a framework saves) and a real registry: the age of the
 newest checkpoint, the typical gap between recent ones (what TrainguardCheckpointStale compares the
-age with), and when an ended run ended (what TrainguardRunFailed uses to stop paging)."""
+age with), when an ended run ended (what TrainguardRunFailed uses to stop paging), and no goodput
+for a job that reports neither steps nor checkpoints."""
 
 from __future__ import annotations
 
@@ -69,6 +70,14 @@ def test_checkpoint_times_of_files_a_framework_saves(tmp_path: Path) -> None:
     assert [round(time.time() - t, -1) for t in times] == [1000, 2000, 3000]
 
 
+def scraped(registry: Registry) -> dict[tuple[str, str | None], float]:
+    """What a scrape of the exporter serves: each sample's value by its name and its run's name."""
+    served = CollectorRegistry(auto_describe=False)
+    served.register(TrainguardCollector(registry, xid_counts=None))
+    return {(s.name, s.labels.get("name")): s.value
+            for family in text_string_to_metric_families(generate_latest(served).decode()) for s in family.samples}  # fmt: skip
+
+
 def test_the_exporter_serves_checkpoint_age_interval_and_the_end_of_an_ended_run(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "state")
     live_dir, ended_dir = tmp_path / "live", tmp_path / "ended"
@@ -92,11 +101,26 @@ def test_the_exporter_serves_checkpoint_age_interval_and_the_end_of_an_ended_run
     )
     registry.set_state(ended.id, "failed")
 
-    served = CollectorRegistry(auto_describe=False)
-    served.register(TrainguardCollector(registry, xid_counts=None))
-    samples = {(s.name, s.labels.get("name")): s.value
-               for family in text_string_to_metric_families(generate_latest(served).decode()) for s in family.samples}  # fmt: skip
+    samples = scraped(registry)
     assert samples[("trainguard_run_last_checkpoint_age_seconds", "live")] == pytest.approx(60, abs=5)
     assert samples[("trainguard_run_checkpoint_interval_seconds", "live")] == pytest.approx(1200, abs=1)
     assert samples[("trainguard_run_end_time_seconds", "ended")] == 1_700_000_000.5
     assert ("trainguard_run_end_time_seconds", "live") not in samples
+
+
+def test_the_exporter_serves_no_goodput_for_a_job_that_reports_nothing(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "state")
+    now = time.time()
+    for name, progress in (("silent", None), ("steps", {"first_step": 0, "first_step_time": now - 99,
+                                                         "step": 98, "step_time": now - 1})):  # fmt: skip
+        run = registry.create_run(["train"], name=name, cwd="/", options={})
+        registry.start_attempt(run.id, Attempt(n=1, started_at=now - 100, pid=1))
+        registry.end_attempt(run.id, Attempt(n=1, started_at=now - 100, ended_at=now, exit_code=0, progress=progress))
+        registry.set_state(run.id, "succeeded")
+    samples = scraped(registry)
+    assert samples[("trainguard_run_goodput_ratio", "steps")] == pytest.approx(0.98, abs=0.01)
+    assert samples[("trainguard_run_training_kept_seconds", "steps")] == pytest.approx(98, abs=1)
+    # Nothing says how much of its time trained: no ratio, no kept time, only its wall time.
+    assert ("trainguard_run_goodput_ratio", "silent") not in samples
+    assert ("trainguard_run_training_kept_seconds", "silent") not in samples
+    assert samples[("trainguard_run_wall_seconds", "silent")] == pytest.approx(100, abs=1)

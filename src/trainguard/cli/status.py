@@ -158,7 +158,7 @@ def status(ref: str, as_json: bool) -> int:
 
 
 def _print_goodput(result: Goodput) -> None:
-    if result.ratio is None:
+    if result.wall_s <= 0:  # nothing ran yet; an unknown ratio is said as such
         return
     lang = choose_language(None, os.environ)
     click.echo(say("  goodput: ", "  有效训练率（goodput）：") + goodput.describe(result, lang))

@@ -149,10 +149,10 @@ class TrainguardCollector(Collector):
                 interval.add_metric(key, gap)
             if run.attempts:
                 result = goodput.of_run(run, self.registry.events(run.id, kinds=("checkpoint",)), now=time.time())
-                if result.ratio is not None:
+                if result.ratio is not None:  # None: nothing ran yet, or the job reports no steps nor checkpoints
                     ratio.add_metric(key, result.ratio)
+                    kept.add_metric(key, result.kept_s)
                 wall.add_metric(key, result.wall_s)
-                kept.add_metric(key, result.kept_s)
                 for kind, seconds in result.lost_by_kind().items():
                     lost.add_metric([*key, kind], seconds)
         yield from (info, attempts, deaths, age, interval, ended, ratio, wall, kept, lost)

@@ -66,14 +66,14 @@ TEXTS: dict[str, tuple[str, str]] = {
     "exit": ("exit", "退出码"),
     "signal": ("signal", "信号"),
     "step": ("step", "步"),
-    "steps": ("steps", "步"),
     "headline": (
         "of the wall time was training that was kept: {kept} of {wall}",
         "的墙钟时间是保留下来的训练：{wall} 中的 {kept}",
     ),
     "lost_line": (
-        "Lost: {recomputed} recomputing steps, {restart} restarting, {stalled} stalled before deaths",
-        "损失：重算 {recomputed}，重启 {restart}，终止前停滞 {stalled}",
+        "Lost: {recomputed} recomputing steps, {never_saved} never saved, {restart} restarting, "
+        "{stalled} stalled before deaths",
+        "损失：重算 {recomputed}，未保存 {never_saved}，重启 {restart}，终止前停滞 {stalled}",
     ),
     "row_progress": ("Training progress (step) · ◆ checkpoint", "训练进度（步）· ◆ 检查点"),
     "row_checkpoints": ("Checkpoints (the job reports no steps)", "检查点（作业未报告步数）"),
@@ -100,6 +100,9 @@ TEXTS: dict[str, tuple[str, str]] = {
     "alert": ("alert", "告警"),
     "kept": ("training kept", "保留的训练"),
     "recomputed": ("recomputed (steps redone)", "重算（重做的步）"),
+    "unsaved": ("trained, not in a checkpoint yet", "已训练、尚未存入检查点"),
+    "never_saved": ("never saved", "未保存"),
+    "lost_never_saved": ("never saved (the run ended unfinished)", "未保存（运行未完成就结束）"),
     "restart": ("restarting", "重启"),
     "stalled": ("stalled before a death", "终止前停滞"),
     "overhead": ("start-up and shut-down", "启动与退出"),
@@ -333,7 +336,9 @@ def _goodput_section(result: goodput_module.Goodput, lang: str) -> str:
     e = _escape
     if result.ratio is None:
         return f"<p>{e(goodput_module.describe(result, lang))}</p>"
-    parts = [("kept", result.kept_s, "#859900"), ("recomputed", result.recomputed_s, "#dc322f"),
+    redone = result.recomputed_s - result.never_saved_s
+    parts = [("kept", result.kept_s, "#859900"), ("recomputed", redone, "#dc322f"),
+             ("lost_never_saved", result.never_saved_s, "#d33682"), ("unsaved", result.unsaved_s, "#b58900"),
              ("restart", result.restart_s, "#cb4b16"), ("stalled", result.stalled_s, "#6c71c4"),
              ("overhead", result.overhead_s, "#93a1a1")]  # fmt: skip
     bar = "".join(
@@ -348,11 +353,11 @@ def _goodput_section(result: goodput_module.Goodput, lang: str) -> str:
         for key, seconds, color in parts
         if seconds > 0
     )
-    step_word = _t("steps", lang)
     losses = "".join(
         f"<tr><td>{loss.attempt}</td><td>{e(loss.cause or _t('stopped', lang))}</td>"
         f"<td>{e(format_duration(loss.recomputed_s))}"
-        f"{f' ({loss.recomputed_steps} {step_word})' if loss.recomputed_steps else ''}</td>"
+        f"{'' if loss.redone else ' ' + e(_t('never_saved', lang))}"
+        f"{f' ({goodput_module.steps_text(loss.recomputed_steps, lang)})' if loss.recomputed_steps else ''}</td>"
         f"<td>{e(format_duration(loss.restart_s))}</td><td>{e(format_duration(loss.stalled_s))}</td>"
         f"<td>{e(_t('by_' + loss.measured_by, lang))}</td></tr>"
         for loss in result.losses
@@ -367,7 +372,8 @@ def _goodput_section(result: goodput_module.Goodput, lang: str) -> str:
     paused = (f"<p><small>{e(_t('paused', lang))}: {e(format_duration(result.paused_s))}</small></p>"
               if result.paused_s > 0 else "")  # fmt: skip
     headline = _t("headline", lang, kept=format_duration(result.kept_s), wall=format_duration(result.wall_s))
-    lost = _t("lost_line", lang, recomputed=format_duration(result.recomputed_s),
+    lost = _t("lost_line", lang, recomputed=format_duration(redone),
+              never_saved=format_duration(result.never_saved_s),
               restart=format_duration(result.restart_s), stalled=format_duration(result.stalled_s))  # fmt: skip
     return (f"<p class='goodput'><b>{100 * result.ratio:.0f}%</b> {e(headline)}</p><p>{e(lost)}</p>"
             f"<div class='bar'>{bar}</div><ul class='legend'>{legend}</ul>"
@@ -384,7 +390,7 @@ def render(run: Any, samples: list[dict[str, Any]], events: Sequence[Mapping[str
     alerts = [Marker(float(e["time"]), visible(str(e.get(message_key) or e.get("message") or e.get("rule", "alert"))),
                      "alert") for e in events if e.get("kind") == "alert"]  # fmt: skip
     result = goodput_module.compute(
-        goodput_module.attempt_records(run.attempts),
+        goodput_module.attempt_records(run.attempts, run_state=run.state),
         [goodput_module.CheckpointMark(m.time, m.step, m.path) for m in checkpoints],
         now=now,
         run_active=run.state in ("starting", "running", "backoff", "stopping"),
