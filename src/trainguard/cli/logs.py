@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import click
 
@@ -18,7 +19,12 @@ from trainguard.store.runlogs import attempt_region, start_marker
 from trainguard.store.states import TERMINAL_STATES, RunState
 
 
-def _copy(path: str, start: int, end: int | None) -> int:
+def _to_stdout(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+def _copy(path: str, start: int, end: int | None, write: Callable[[bytes], None] = _to_stdout) -> int:
     """Print a file's bytes from ``start`` to ``end``; the position reached."""
     with open(path, "rb") as log:
         log.seek(start)
@@ -27,12 +33,10 @@ def _copy(path: str, start: int, end: int | None) -> int:
             chunk = log.read(1 << 20 if remaining is None else min(1 << 20, remaining))
             if not chunk:
                 break
-            sys.stdout.buffer.write(chunk)
+            write(chunk)
             if remaining is not None:
                 remaining -= len(chunk)
-        position = log.tell()
-    sys.stdout.flush()
-    return position
+        return log.tell()
 
 
 def _print_attempts(run_record: Run, only: int | None) -> None:
@@ -94,9 +98,11 @@ def logs(ref: str, follow: bool, attempt: int | None) -> int:
     return 0
 
 
-def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, position: int = 0) -> None:
+def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, position: int = 0, *,
+               until: Callable[[], bool] = lambda: False, write: Callable[[bytes], None] = _to_stdout) -> None:
     """Print new output as it comes from ``position`` of attempt ``attempt_n`` (from the first
-    attempt when None), moving on to each new attempt's log after its marker, until the run ends."""
+    attempt when None), moving on to each new attempt's log after its marker, until the run ends
+    (or ``until`` says so: then what is written so far is printed first)."""
     lang = choose_language(None, os.environ)
     current = next((a for a in record.attempts if a.n == attempt_n), None)
     try:
@@ -104,22 +110,22 @@ def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, po
             if current is not None:
                 region = attempt_region(record, current)
                 with _suppress_missing():
-                    position = _copy(region.path, max(position, region.start), region.end)
+                    position = _copy(region.path, max(position, region.start), region.end, write)
             record = registry.get(record.id) or record
             newer = [a for a in record.attempts if current is None or a.n > current.n]
             if newer:
                 if current is not None:  # what the old attempt wrote last, then the new one's marker
                     with _suppress_missing():
-                        _copy(region.path, position, region.end)
+                        _copy(region.path, position, region.end, write)
                 previous, current = current, newer[0]
                 if current.log_path:
-                    sys.stdout.write(start_marker(current, previous, lang))
+                    write(start_marker(current, previous, lang).encode())
                 position = 0
                 continue
-            if RunState(record.state) in TERMINAL_STATES:
+            if RunState(record.state) in TERMINAL_STATES or until():
                 if current is not None:
                     with _suppress_missing():
-                        _copy(region.path, position, region.end)
+                        _copy(region.path, position, region.end, write)
                 return
             time.sleep(0.2)
     except KeyboardInterrupt:

@@ -14,12 +14,14 @@ from typing import Any
 import click
 
 from trainguard.checkpoint.layouts import LAYOUTS
+from trainguard.cli.echo import echoing_output
 from trainguard.cli.finish import Finish, under_slurm
 from trainguard.cli.logs import follow_run
 from trainguard.cli.output import say
 from trainguard.cli.params import as_duration, as_run_name, as_signal_number, as_size, open_registry
 from trainguard.cli.render import ended_line, shell_join
 from trainguard.errors import UsageError
+from trainguard.integrations import slurm
 from trainguard.monitor.notify import from_config, from_flag, to_record
 from trainguard.paths import state_dir
 from trainguard.store.registry import Registry, Run, RunNotFound
@@ -35,6 +37,19 @@ def _cwd() -> str:
         raise UsageError(
             "the current folder no longer exists: cd to a folder that does", "当前目录已不存在：请先 cd 到存在的目录"
         ) from None
+
+
+def _refuse_detaching_from_slurm(foreground: bool) -> None:
+    """A detached supervisor leaves the Slurm job it was started in: Slurm marks the job done within
+    seconds while its training goes on outside the allocation, unaccounted and unkillable by scancel."""
+    job = slurm.job_id(os.environ)
+    if job is not None and not foreground:
+        raise UsageError(
+            f"inside Slurm job {job} a detached run would leave the allocation: add --foreground "
+            "(e.g. srun trainguard run --foreground -- python train.py)",
+            f"在 Slurm 作业 {job} 中，脱离终端的运行会离开资源分配：请加 --foreground"
+            "（例如 srun trainguard run --foreground -- python train.py）",
+        )
 
 
 def _newest_named(name: str) -> tuple[Registry, Run] | None:
@@ -199,6 +214,7 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         raise UsageError(
             "--follow detaches; it cannot go with --foreground", "--follow 会脱离终端，不能与 --foreground 同用"
         )
+    _refuse_detaching_from_slurm(foreground)
     for flag, given in (("--requeue", requeue), ("--termination-log", termination_log is not None)):
         if given and not foreground:
             raise UsageError(f"{flag} acts when the run ends: it needs --foreground (as a scheduler runs it)",
@@ -223,7 +239,9 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         click.echo(say(f"run {record.id} ({name}) is still running without its supervisor: taking it back under watch",
                        f"运行 {record.id}（{name}）仍在运行但没有监督进程：重新接管"), err=foreground)  # fmt: skip
         if foreground:  # a scheduler waits on this process: watch here, end with the verdict
-            return finish(registry, record.id, service.supervise_run(record.id, registry=registry, adopt=True))
+            with echoing_output(record.id):
+                verdict = service.supervise_run(record.id, registry=registry, adopt=True)
+            return finish(registry, record.id, verdict)
         service.start_detached(registry, record, adopt=True)
         return 0
     service.check_cwd(cwd)
@@ -269,7 +287,9 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         if foreground:
             click.echo(say(f"trainguard: run {record.id}, log {record.log_path}",
                            f"trainguard：运行 {record.id}，日志 {record.log_path}"), err=True)  # fmt: skip
-            return finish(registry, record.id, service.supervise_run(record.id, registry=registry, lock=lock))
+            with echoing_output(record.id):
+                verdict = service.supervise_run(record.id, registry=registry, lock=lock)
+            return finish(registry, record.id, verdict)
         try:
             started = service.start_detached(registry, record, lock=lock)
         except BaseException:
@@ -326,7 +346,8 @@ def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool
             if foreground:
                 click.echo(say(f"trainguard: continuing run {run_id}, log {record.log_path}",
                                f"trainguard：继续运行 {run_id}，日志 {record.log_path}"), err=True)  # fmt: skip
-                verdict = service.supervise_run(run_id, registry=registry, restart=True, lock=lock)
+                with echoing_output(run_id):
+                    verdict = service.supervise_run(run_id, registry=registry, restart=True, lock=lock)
                 return (finish or Finish())(registry, run_id, verdict)
             started = service.start_detached(registry, record, restart=True, lock=lock)
         except BaseException:
@@ -343,6 +364,7 @@ def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool
 def restart(ref: str, foreground: bool, follow: bool) -> int:
     """Continue an ended run in place: same command and checkpoint folder, the next attempt, resumed
     from its newest checkpoint (as pressing up-arrow in tmux would, without losing the steps)."""
+    _refuse_detaching_from_slurm(foreground)
     registry = open_registry()
     record = registry.resolve(ref)
     if RunState(record.state) not in TERMINAL_STATES:
