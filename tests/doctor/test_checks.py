@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainguard.doctor.checks import GIB, MIB, Status, cuda_supported_by_driver, run_checks
-from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, XidEvent
+from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, StateDisk, XidEvent
 
 # An 8-GPU H100 node as NVML and the probes report it (driver 535.104.05 supports CUDA 12.2).
 H100 = Gpu(index=0, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), memory_total=80 * GIB, memory_used=0,
@@ -19,6 +19,7 @@ HEALTHY = Facts(
     container="docker", shm_total=16 * GIB, shm_free=16 * GIB, host_memory=2000 * GIB, cgroup_memory_limit=None,
     swap_total=0, nofile_soft=1048576, nofile_hard=1048576, disks=(Disk("/data/ckpt", 2000 * GIB, 4000 * GIB),),
     last_checkpoint_bytes=20 * GIB, ssh=True, multiplexer="tmux", xids=(),
+    state_disk=StateDisk("/home/u/.local/state/trainguard", True, 500 * GIB, 1000 * GIB),
 )  # fmt: skip
 
 

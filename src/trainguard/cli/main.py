@@ -22,9 +22,11 @@ _COMMANDS = {
     "doctor": "trainguard.cli.doctor",
     "exporter": "trainguard.cli.exporter",
     "logs": "trainguard.cli.logs",
+    "prune": "trainguard.cli.remove",
     "ps": "trainguard.cli.status",
     "report": "trainguard.cli.status",
     "restart": "trainguard.cli.runs",
+    "rm": "trainguard.cli.remove",
     "run": "trainguard.cli.runs",
     "status": "trainguard.cli.status",
     "stop": "trainguard.cli.stop",
@@ -65,6 +67,7 @@ def cli() -> None:
     trainguard logs RUN [-f]     a run's output
     trainguard stop RUN          stop it, with time for a last checkpoint
     trainguard restart RUN       continue an ended run in place, from its newest checkpoint
+    trainguard rm RUN / prune    remove ended runs (records, logs; checkpoints when asked)
     trainguard adopt RUN         watch again a job whose supervisor died
     trainguard diagnose LOG      why did it die: the cause, the lines that prove it, the fix
     trainguard doctor            what will kill it, before it does

@@ -288,6 +288,43 @@ def check_disk_space(facts: Facts) -> CheckResult:
     )
 
 
+# A run's checkpoints go to the state folder (under the home directory by default) unless
+# --checkpoint-dir: room for keep + 1 of them (Checkpointer's keep=3, the next written before the oldest
+# goes), and never less than 20 GiB, which holds one checkpoint of a 7B model's bf16 weights (13 GiB)
+# and little else; home quotas of 5-50 GB are common on shared clusters.
+CHECKPOINTS_ON_DISK = 4
+CHECKPOINT_ROOM_FLOOR = 20 * GIB
+
+
+def check_checkpoint_disk_room(facts: Facts) -> CheckResult:
+    cid = "checkpoint_disk_room"
+    disk = facts.state_disk
+    if facts.checkpoint_dir_chosen:
+        return _result(cid, Status.OK, T(f"checkpoints go to {facts.checkpoint_dir_chosen}, not the state folder (see disk_space)",
+                                         f"检查点写到 {facts.checkpoint_dir_chosen}，不在状态目录（见 disk_space）"))  # fmt: skip
+    if disk is None:
+        return _unknown(cid, facts, "state_disk")
+    room, quota_en, quota_zh = disk.free, "", ""
+    if disk.quota_limit is not None:
+        used = disk.quota_used or 0
+        room = min(room, max(0, disk.quota_limit - used))
+        quota_en, quota_zh = (f"; your quota: {_gib(used)} of {_gib(disk.quota_limit)} used",
+                              f"；你的配额：已用 {_gib(used)}，共 {_gib(disk.quota_limit)}")  # fmt: skip
+    size = max(facts.state_checkpoint_bytes or 0, facts.last_checkpoint_bytes or 0)
+    needed = max(CHECKPOINT_ROOM_FLOOR, CHECKPOINTS_ON_DISK * size)
+    why_en = f"{CHECKPOINTS_ON_DISK} checkpoints of {_gib(size)}" if needed > CHECKPOINT_ROOM_FLOOR else "at least"
+    why_zh = f"{CHECKPOINTS_ON_DISK} 个 {_gib(size)} 的检查点" if needed > CHECKPOINT_ROOM_FLOOR else "至少"
+    detail = T(f"{disk.path}: {_gib(disk.free)} free of {_gib(disk.total)}{quota_en}; wanted: {why_en} {_gib(needed)}",
+               f"{disk.path}：剩余 {_gib(disk.free)}，共 {_gib(disk.total)}{quota_zh}；需要：{why_zh} {_gib(needed)}")  # fmt: skip
+    where_en, where_zh = (("the state folder in your home folder", "你的主目录中的状态目录") if disk.in_home
+                          else (f"the state folder {disk.path}", f"状态目录 {disk.path}"))  # fmt: skip
+    if room < needed:
+        return _result(cid, Status.WARN, T(f"checkpoints go to {where_en} by default: only {_gib(room)} left for them there",
+                                           f"检查点默认写到{where_zh}：那里只剩 {_gib(room)}"), detail)  # fmt: skip
+    return _result(cid, Status.OK, T(f"{_gib(room)} free for checkpoints in the state folder",
+                                     f"状态目录中有 {_gib(room)} 可用于检查点"), detail)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ session
 def check_ssh_session(facts: Facts) -> CheckResult:
     cid = "ssh_session"
@@ -440,6 +477,7 @@ CHECKS: dict[str, Callable[[Facts], CheckResult]] = {
     "swap": check_swap,
     "open_files_limit": check_open_files,
     "disk_space": check_disk_space,
+    "checkpoint_disk_room": check_checkpoint_disk_room,
     "ssh_session": check_ssh_session,
     "gpu_temperature": check_gpu_temperature,
     "gpu_throttle": check_gpu_throttle,

@@ -44,6 +44,18 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class StateDisk:
+    """The filesystem of the state folder, where a run's checkpoints go unless --checkpoint-dir."""
+
+    path: str
+    in_home: bool  # the state folder is under the home directory
+    free: int  # bytes this user may still write there (statvfs)
+    total: int
+    quota_limit: int | None = None  # this user's block quota there, where the kernel keeps one
+    quota_used: int | None = None
+
+
+@dataclass(frozen=True)
 class XidEvent:
     xid: int
     text: str
@@ -73,6 +85,9 @@ class Facts:
     nofile_hard: int | None = None
     disks: tuple[Disk, ...] = ()
     last_checkpoint_bytes: int | None = None
+    checkpoint_dir_chosen: str | None = None  # --checkpoint-dir or TRAINGUARD_CHECKPOINT_DIR, outside the state folder
+    state_disk: StateDisk | None = None
+    state_checkpoint_bytes: int | None = None  # the largest newest checkpoint of the state folder's runs
     # session
     ssh: bool = False
     multiplexer: str | None = None  # "tmux", "screen"

@@ -18,9 +18,12 @@ from typing import Any
 from trainguard.checkpoint.layouts import newest_complete
 from trainguard.diagnosis.evidence import xid_lines
 from trainguard.doctor.checks import T, Text
-from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, XidEvent
+from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, StateDisk, XidEvent
 from trainguard.probes import kernel_log
+from trainguard.probes.disk_quota import user_quota
 from trainguard.probes.memory import cgroup_limit, meminfo_available
+
+_RUNS_MEASURED = 20  # the newest run folders whose checkpoints tell the size of the next ones
 
 _TORCH_PROBE = """
 import json, torch
@@ -195,6 +198,29 @@ def _existing(path: Path) -> Path:
     return path
 
 
+def _state_disk(state_dir: Path, facts: dict[str, Any], unknown: dict[str, Text]) -> None:
+    """The state folder's filesystem (where checkpoints go by default) and the largest checkpoint its
+    newest runs keep there."""
+    try:
+        usage = os.statvfs(_existing(state_dir))
+    except OSError as exc:
+        unknown["state_disk"] = T(f"cannot read {state_dir}: {exc.strerror}", f"无法读取 {state_dir}：{exc.strerror}")
+        return
+    quota = user_quota(_existing(state_dir))
+    in_home = Path(os.path.realpath(state_dir)).is_relative_to(os.path.realpath(Path.home()))
+    facts["state_disk"] = StateDisk(str(state_dir), in_home, usage.f_bavail * usage.f_frsize,
+                                    usage.f_blocks * usage.f_frsize, quota.limit if quota else None,
+                                    quota.used if quota else None)  # fmt: skip
+    with contextlib.suppress(OSError):
+        runs = sorted(os.scandir(state_dir / "runs"), key=lambda e: e.stat().st_mtime, reverse=True)
+        sizes = []
+        for entry in runs[:_RUNS_MEASURED]:
+            with contextlib.suppress(Exception):
+                newest = newest_complete(Path(entry.path) / "checkpoints")
+                sizes.append(newest.size_bytes if newest else 0)
+        facts["state_checkpoint_bytes"] = max(sizes, default=None)
+
+
 def _systemd_session(user: str) -> tuple[bool | None, bool | None]:
     kill = None
     for conf in [Path("/etc/systemd/logind.conf"), *sorted(Path("/etc/systemd/logind.conf.d").glob("*.conf"))]:
@@ -243,6 +269,11 @@ def gather(
         newest = newest_complete(folder)
         if newest:
             facts["last_checkpoint_bytes"] = newest.size_bytes
+
+    chosen = checkpoint_dir or os.environ.get("TRAINGUARD_CHECKPOINT_DIR")
+    if chosen and not Path(os.path.realpath(chosen)).is_relative_to(os.path.realpath(state_dir)):
+        facts["checkpoint_dir_chosen"] = chosen
+    _state_disk(state_dir, facts, unknown)
 
     facts["ssh"] = bool(os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_TTY"))
     facts["multiplexer"] = "tmux" if os.environ.get("TMUX") else ("screen" if os.environ.get("STY") else None)

@@ -8,9 +8,11 @@ tables are :mod:`trainguard.store.schema`'s, the records it hands out :mod:`trai
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,11 +132,21 @@ class Registry(Database):
         """Forget a run that never started (its supervisor could not start): record and folder."""
         run = self.get(run_id)
         with self._transaction() as db:
-            for table in ("events", "samples", "attempts"):
-                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+            _delete_records(db, run_id)
         if run is not None:
             shutil.rmtree(run.run_dir, ignore_errors=True)
+
+    @registry_errors
+    def forget_ended_run(self, run_id: str) -> bool:
+        """Delete an ended run's records (the run, its attempts, events and samples) in one
+        transaction; its files are the caller's to remove. False, with nothing deleted, when the run
+        is gone or active again (continued since the caller looked)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None or row["state"] in ACTIVE:
+                return False
+            _delete_records(db, run_id)
+        return True
 
     @registry_errors
     def update_run(self, run_id: str, **fields: Any) -> None:
@@ -334,6 +346,39 @@ class Registry(Database):
         with self._connect() as db:
             rows = db.execute("SELECT * FROM runs ORDER BY created_at DESC").fetchall()
             return [self._trusted(run_from_row(db, row)) for row in rows]
+
+    @registry_errors
+    def ended_times(self) -> dict[str, float]:
+        """Each ended run's id and when it ended: its last change of state (its creation when it has
+        none recorded)."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT r.id, COALESCE(MAX(e.time), r.created_at) AS ended FROM runs r"
+                " LEFT JOIN events e ON e.run_id = r.id AND e.kind LIKE 'state:%'"
+                f" WHERE r.state NOT IN ({','.join('?' * len(ACTIVE))}) GROUP BY r.id",
+                ACTIVE,
+            ).fetchall()
+        return {row["id"]: row["ended"] for row in rows}
+
+    @registry_errors
+    def unrecorded_run_folders(self) -> list[Path]:
+        """The folders under runs/ that no run records: what a removal cut short left behind (the
+        record goes before the files). Listed while holding the write lock: a run being created makes
+        its folder and its record in one transaction, so it is never taken for one of these."""
+        runs = self.state_dir / "runs"
+        with self._transaction() as db:
+            recorded = {row["id"] for row in db.execute("SELECT id FROM runs")}
+            try:
+                entries = list(os.scandir(runs))
+            except FileNotFoundError:
+                return []
+        return sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False) and e.name not in recorded)
+
+
+def _delete_records(db: sqlite3.Connection, run_id: str) -> None:
+    for table in ("events", "samples", "attempts"):
+        db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+    db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
 
 def close_runs_lost_to_reboot(registry: Registry, current_boot: str | None = None) -> list[str]:
