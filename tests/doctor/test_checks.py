@@ -60,6 +60,16 @@ def test_a_gpu_newer_than_the_torch_build_has_no_kernel_image() -> None:
     assert by_id(cpu_build)["torch_gpu_arch"].status is Status.FAIL
 
 
+def test_architecture_specific_builds_are_read_not_a_crash() -> None:
+    # torch.cuda.get_arch_list() of recent CUDA 12.8+ builds: 'sm_90a', 'sm_100a', 'sm_120f' beside plain ones.
+    recent = ("sm_80", "sm_86", "sm_90a", "sm_100a", "sm_120f", "compute_120")
+    h200 = replace(H100, name="NVIDIA H200", compute_capability=(9, 0))
+    assert by_id(replace(HEALTHY, torch_arch_list=recent, gpus=(h200,)))["torch_gpu_arch"].status is Status.OK
+    sm_103 = replace(H100, name="a 10.3 card", compute_capability=(10, 3))  # sm_100a code runs on 10.0 only
+    assert by_id(replace(HEALTHY, torch_arch_list=("sm_90a", "sm_100a"), gpus=(sm_103,)))["torch_gpu_arch"].status \
+        is Status.FAIL
+
+
 def test_driver_library_mismatch_after_an_unattended_upgrade() -> None:
     broken = replace(HEALTHY, nvml_error="Failed to initialize NVML: Driver/library version mismatch", gpus=None,
                      nvml_library_version=None, unknown={"gpus": "NVML: Driver/library version mismatch"})  # fmt: skip
