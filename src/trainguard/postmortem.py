@@ -1,11 +1,12 @@
 """Why did it die: gathers the evidence about a dead job (its logs, the kernel log, its exit status)
-and asks the pure classifier. The supervisor and ``trainguard diagnose`` both call this."""
+and asks the pure classifier, and, where it does not decide, what to look at next. The supervisor and
+``trainguard diagnose`` both call this."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -15,6 +16,7 @@ from trainguard.diagnosis import launch as launch_facts
 from trainguard.diagnosis import ranks
 from trainguard.diagnosis.classify import Diagnosis, classify
 from trainguard.diagnosis.evidence import (
+    SILENT_END,
     ExitStatus,
     KernelLine,
     Observation,
@@ -24,6 +26,7 @@ from trainguard.diagnosis.evidence import (
     observations_of_a_silent_end,
     pids_in,
 )
+from trainguard.diagnosis.next_steps import Gathered, Step, default_steps, next_steps
 from trainguard.diagnosis.oom_evidence import SENDER_UNKNOWN, OomDeltas, judge_oom_counts
 from trainguard.diagnosis.scan import Scanner
 from trainguard.diagnosis.signatures import Role, SignatureTable, default_table
@@ -44,6 +47,8 @@ class Report:
     bytes_scanned: int
     engine: str
     first_failure: dict[str, Any] | None = None  # {"rank", "host", "time", "file"} where the logs say
+    gathered: Gathered = field(default_factory=Gathered)  # what the diagnosis had to go on
+    next_steps: tuple[Step, ...] = ()  # what would decide it, when it is unknown or unsure
 
 
 @cache
@@ -112,9 +117,29 @@ def investigate(
     names = [log.name for log in logs]
     if launch is not None:
         diagnosis, first = judge_ranks(observations, launch, names)
-        return Report(diagnosis, lines, size, scanner.engine, first)
-    diagnosis = classify(observations)
-    return Report(diagnosis, lines, size, scanner.engine, first_failure(diagnosis.cause, observations, names))
+    else:
+        diagnosis = classify(observations)
+        first = first_failure(diagnosis.cause, observations, names)
+    gathered = Gathered(
+        exit_status=exit_status is not None,
+        kernel_log=kernel_readable or bool(kernel_lines),
+        oom_counters=oom_deltas is not None and (oom_deltas.system is not None or oom_deltas.cgroup is not None),
+        logs=len(logs),
+        ranks=_ranks_named(observations),
+        silent=not any(_reports_a_failure(o) for o in observations),
+    )
+    steps = next_steps(diagnosis, gathered, default_steps())
+    return Report(diagnosis, lines, size, scanner.engine, first, gathered, steps)
+
+
+def _ranks_named(observations: Sequence[Observation]) -> frozenset[int]:
+    """The ranks the log lines read name (the rank of their log, or a prefix or field of the line)."""
+    named = (o.rank if o.rank is not None else ranks.line_rank(o.text) for o in observations if o.source == "log")
+    return frozenset(rank for rank in named if rank is not None)
+
+
+def _reports_a_failure(obs: Observation) -> bool:
+    return obs.source == "log" and obs.weight > 0 and obs.role is not Role.SUPPORT and obs.rule != SILENT_END
 
 
 def attribute_ranks(
@@ -264,7 +289,11 @@ def _evidence_json(obs: Observation, lang: str) -> dict[str, Any]:
     return item
 
 
-def diagnosis_dict(diagnosis: Diagnosis, lang: str, first: dict[str, Any] | None = None) -> dict[str, Any]:
+def diagnosis_dict(
+    diagnosis: Diagnosis, lang: str, first: dict[str, Any] | None = None, steps: Sequence[Step] = ()
+) -> dict[str, Any]:
+    """The diagnose JSON of DESIGN section 5; ``first_failure`` where the logs say where it struck
+    first, ``next_steps`` where the answer is unknown or unsure and something would decide it."""
     cause = causes.get(diagnosis.cause)
     found = {
         "cause": diagnosis.cause,
@@ -276,4 +305,10 @@ def diagnosis_dict(diagnosis: Diagnosis, lang: str, first: dict[str, Any] | None
     }
     if first is not None:
         found["first_failure"] = first
+    if steps:
+        found["next_steps"] = [step.text.pick(lang) for step in steps]
     return found
+
+
+def report_dict(report: Report, lang: str) -> dict[str, Any]:
+    return diagnosis_dict(report.diagnosis, lang, report.first_failure, report.next_steps)

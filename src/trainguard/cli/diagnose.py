@@ -148,7 +148,7 @@ def _print(report: Report, as_json: bool, lang: str) -> int:
     from trainguard.cli import render
 
     if as_json:
-        click.echo(render.diagnosis_json(report.diagnosis, lang, report.first_failure))
+        click.echo(render.diagnosis_json(report, lang))
     else:
         render.print_diagnosis(report, lang)
     return 0

@@ -12,11 +12,14 @@ from trainguard import causes
 from trainguard._i18n import choose_language
 from trainguard._terminal import visible
 from trainguard.cli import output
-from trainguard.diagnosis.classify import Diagnosis
 from trainguard.diagnosis.evidence import SILENT_END, Observation
-from trainguard.postmortem import Report, diagnosis_dict
+from trainguard.postmortem import Report, report_dict
 
 if TYPE_CHECKING:  # `trainguard diagnose` renders through this module and need not open the registry
+    from collections.abc import Iterable
+
+    from rich.table import Table
+
     from trainguard.store.registry import Run
 
 _LABELS = {
@@ -25,6 +28,7 @@ _LABELS = {
         "evidence": "Evidence",
         "fix": "What to do",
         "also": "Also possible",
+        "decide": "To decide it",
         "none": "no line in the log points to a cause",
         "scanned": "scanned {lines:,} lines ({size})",
         "first": "First failure",
@@ -35,6 +39,7 @@ _LABELS = {
         "evidence": "证据",
         "fix": "怎么办",
         "also": "其他可能",
+        "decide": "如何确定原因",
         "none": "日志中没有指向原因的行",
         "scanned": "已扫描 {lines:,} 行（{size}）",
         "first": "最先失败",
@@ -46,8 +51,8 @@ _LABELS = {
 _SHOWN_TEXT = 200  # characters of an evidence line on a terminal; --json carries more
 
 
-def diagnosis_json(diagnosis: Diagnosis, lang: str, first_failure: dict | None = None) -> str:
-    return json.dumps(diagnosis_dict(diagnosis, lang, first_failure), ensure_ascii=False, indent=2)
+def diagnosis_json(report: Report, lang: str) -> str:
+    return json.dumps(report_dict(report, lang), ensure_ascii=False, indent=2)
 
 
 def _size(n: int) -> str:
@@ -109,18 +114,28 @@ def print_diagnosis(report: Report, lang: str) -> None:
         console.print(f"  [dim]{labels['none']}[/]")
 
     console.print(f"\n[bold]{labels['fix']}[/]")
-    fixes = Table.grid(padding=(0, 1))
-    fixes.add_column(justify="right", no_wrap=True)
-    fixes.add_column(overflow="fold")
-    for number, fix in enumerate(cause.fixes_in(lang), start=1):
-        fixes.add_row(f"  {number}.", escape(fix))
-    console.print(fixes)
+    console.print(_numbered(cause.fixes_in(lang)))
 
     if diagnosis.alternatives:
         also = ", ".join(f"{c} ({conf:.2f})" for c, conf in diagnosis.alternatives)
         console.print(f"\n[dim]{labels['also']}: {also}[/]")
+    if report.next_steps:
+        console.print(f"\n[bold]{labels['decide']}[/]")
+        console.print(_numbered(step.text.pick(lang) for step in report.next_steps))
     console.print(f"[dim]{labels['scanned'].format(lines=report.lines_scanned, size=_size(report.bytes_scanned))}[/]")
     console.file.flush()
+
+
+def _numbered(items: Iterable[str]) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table.grid(padding=(0, 1))
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(overflow="fold")
+    for number, item in enumerate(items, start=1):
+        table.add_row(f"  {number}.", escape(item))
+    return table
 
 
 # The five public states (DESIGN section 5) as a person reads them in Chinese.
