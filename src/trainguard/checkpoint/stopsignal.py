@@ -9,7 +9,8 @@ While a handler is installed, processes forked from this one (DataLoader workers
 pool) start with the stop signals blocked: a signal sent to every process at once (``scancel``, a
 launcher's ``killpg``, ``kill -TERM -PGID``) would kill the workers first, and the training loop,
 waiting in ``next(it)``, would die of their death before it could save. Blocked, the signal waits
-unseen; the workers end as they always do, when their parent shuts them down or exits.
+unseen; the workers end as they always do, when their parent shuts them down or exits (a stop
+signal from the parent itself still ends a worker).
 
     stop = StopSignal()            # installs the handlers (main thread only)
     ...
@@ -38,8 +39,21 @@ _fork_hook = False
 def _block_in_forked_worker() -> None:
     global _installed_here
     if _installed_here:
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         _installed_here = 0  # the worker itself saves nothing: its own children are not shielded again
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        threading.Thread(target=_end_when_the_parent_asks, args=(os.getppid(),), daemon=True,
+                         name="trainguard-worker-stop").start()  # fmt: skip
+
+
+def _end_when_the_parent_asks(parent: int) -> None:
+    """The stop signals a shielded worker receives: one from its parent (a DataLoader shutting its
+    workers down, multiprocessing's terminate at exit) ends it, as torch's own worker handler does;
+    one sent to every process (scancel, killpg) is dropped, and the worker ends when its parent
+    shuts it down or exits."""
+    while True:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        if info.si_pid == parent or os.getppid() != parent:
+            os._exit(0)
 
 
 class StopSignal:
