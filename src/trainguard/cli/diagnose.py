@@ -12,6 +12,7 @@ import click
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard._resources import EXAMPLE_LOG_PATH
 from trainguard.diagnosis.evidence import ExitStatus, KernelLine
+from trainguard.diagnosis.oom_evidence import OomDeltas
 from trainguard.diagnosis.scan import LogFile, read_blocks
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, Report, investigate
@@ -195,4 +196,14 @@ def _diagnose_run(ref: str, exit_status: ExitStatus | None) -> Report | None:
         pids={attempt.pid} if attempt.pid else set(),
         error_file=os.path.join(run.run_dir, f"attempt-{attempt.n}.error.json"),
         hang_timeout_s=run.options.get("hang_timeout_s") if attempt.cause == "hang" else None,
+        oom_deltas=_recorded_oom_deltas(attempt.containment),
     )
+
+
+def _recorded_oom_deltas(containment: dict | None) -> OomDeltas | None:
+    """The OOM kills the supervisor counted during the attempt, as recorded at its death."""
+    record = (containment or {}).get("oom_deltas")
+    try:
+        return OomDeltas(**record) if isinstance(record, dict) else None
+    except TypeError:
+        return None

@@ -231,9 +231,10 @@ class Registry(Database):
         with self._transaction() as db:
             db.execute(
                 "UPDATE attempts SET ended_at = ?, exit_code = ?, signal = ?, cause = ?, confidence = ?, diagnosis = ?,"
-                " progress = ? WHERE run_id = ? AND n = ?",
+                " progress = ?, containment = ? WHERE run_id = ? AND n = ?",
                 (attempt.ended_at, attempt.exit_code, attempt.signal, attempt.cause, attempt.confidence,
-                 to_json(attempt.diagnosis), to_json(attempt.progress), run_id, attempt.n),
+                 to_json(attempt.diagnosis), to_json(attempt.progress), to_json(attempt.containment), run_id,
+                 attempt.n),
             )  # fmt: skip
             db.execute(
                 "INSERT INTO events (run_id, time, kind, data) VALUES (?, ?, 'attempt_ended', ?)",

@@ -69,10 +69,10 @@ def attempt_report(
     hang_timeout_s: float | None = None,
     extra: list[Observation] | None = None,
     kernel_tail: kernel_log.KernelTail | None = None,
-    oom_before: oom_counters.OomCounts | None = None,
+    oom_deltas: OomDeltas | None = None,
 ) -> Report:
-    """``oom_before``: the OOM counters read at the attempt's start; read again now, they say
-    whether the OOM killer struck during the attempt where the kernel log cannot be read."""
+    """``oom_deltas``: the OOM kills counted during the attempt (``count_oom_kills`` at its death),
+    which say whether the OOM killer struck where the kernel log cannot be read."""
     extra = list(extra or [])
     if hang_timeout_s is not None:
         extra.append(
@@ -103,11 +103,10 @@ def attempt_report(
     except kernel_log.KernelLogUnavailable:
         kernel_lines, kernel_readable = [], False
     return investigate(sources, exit_status=exit_status, kernel_lines=kernel_lines, job_pids=pids, extra=extra,
-                       kernel_readable=kernel_readable, launch=facts,
-                       oom_deltas=oom_deltas(oom_before) if oom_before is not None else None)  # fmt: skip
+                       kernel_readable=kernel_readable, launch=facts, oom_deltas=oom_deltas)  # fmt: skip
 
 
-def oom_deltas(before: oom_counters.OomCounts) -> OomDeltas:
+def count_oom_kills(before: oom_counters.OomCounts) -> OomDeltas:
     """The OOM kills counted since ``before``, on the machine and in the same memory cgroup."""
     after = oom_counters.read(cgroup_file=before.cgroup_path) if before.cgroup_path else oom_counters.read()
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from trainguard.diagnosis.evidence import ExitStatus, Observation
+from trainguard.diagnosis.oom_evidence import OomDeltas
 from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
 from trainguard.monitor.runwatch import RunMonitor
 from trainguard.postmortem import diagnosis_dict
+from trainguard.probes import oom_counters
 from trainguard.store.registry import Attempt
 from trainguard.supervisor.attempt_files import error_file
-from trainguard.supervisor.autopsy import attempt_report
+from trainguard.supervisor.autopsy import attempt_report, count_oom_kills
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.policy import STARTUP_LINES
 
@@ -106,6 +109,7 @@ def _diagnose(
             "host_oom", 0.99, "cgroup:oom_kill",
             f"the kernel OOM-killed {oom_kills} process(es) in the job's memory cgroup ({limit:.2f} GiB limit)",
         ))  # fmt: skip
+    oom_deltas = _oom_kills_meanwhile(attempt)
     report = attempt_report(
         watch.log_path,
         log_start=attempt.log_offset,
@@ -118,8 +122,23 @@ def _diagnose(
         hang_timeout_s=options.hang_timeout_s if watch.hung else None,
         extra=extra,
         kernel_tail=watch.kernel,
+        oom_deltas=oom_deltas,
     )
     return diagnosis_dict(report.diagnosis, "en", report.first_failure)
+
+
+def _oom_kills_meanwhile(attempt: Attempt) -> OomDeltas | None:
+    """The OOM kills counted between the attempt's start and now, kept with the attempt so that
+    `trainguard diagnose RUN` judges its death later by the same evidence."""
+    record = (attempt.containment or {}).get("oom_counts")
+    if not isinstance(record, dict):
+        return None  # adopted from an older trainguard: nothing read at its start
+    try:
+        deltas = count_oom_kills(oom_counters.OomCounts(**record))
+    except TypeError:
+        return None
+    attempt.containment = {**(attempt.containment or {}), "oom_deltas": asdict(deltas)}
+    return deltas
 
 
 def _seen_by_the_supervisor(cause: str, weight: float, rule: str, text: str) -> Observation:

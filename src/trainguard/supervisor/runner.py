@@ -19,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from trainguard import causes, progress
@@ -27,6 +28,7 @@ from trainguard._proc import start_time
 from trainguard.diagnosis.evidence import ExitStatus
 from trainguard.monitor.notify import from_record
 from trainguard.postmortem import default_scanner
+from trainguard.probes import oom_counters
 from trainguard.store.journal import Journal
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.store.states import RunState, check_transition
@@ -215,6 +217,8 @@ class Supervisor:
             if self.state is RunState.BACKOFF:
                 self._transition(RunState.STARTING)
             self.journal.update(containment=prepared.containment.description)
+            # Read before the job runs: at its death they say whether the OOM killer struck meanwhile.
+            attempt.containment = {**(attempt.containment or {}), "oom_counts": asdict(oom_counters.read())}
             # Recorded, the job goes through at once: a kill from here on leaves a job its run knows.
             # A registry that cannot be written (a full state disk) holds the record in memory, and
             # the job starts all the same: supervision never waits on the state disk.
