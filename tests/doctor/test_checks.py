@@ -18,7 +18,7 @@ HEALTHY = Facts(
     torch_arch_list=("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"), gpus=(H100,),
     container="docker", shm_total=16 * GIB, shm_free=16 * GIB, host_memory=2000 * GIB, cgroup_memory_limit=None,
     swap_total=0, nofile_soft=1048576, nofile_hard=1048576, disks=(Disk("/data/ckpt", 2000 * GIB, 4000 * GIB),),
-    last_checkpoint_bytes=20 * GIB, ssh=True, multiplexer="tmux", xids=(),
+    last_checkpoint_bytes=20 * GIB, ssh=True, multiplexer="tmux", xids=(), kernel_log_readable=True,
     state_disk=StateDisk("/home/u/.local/state/trainguard", True, 500 * GIB, 1000 * GIB),
 )  # fmt: skip
 
@@ -133,3 +133,13 @@ def test_could_not_look_is_unknown_with_the_reason_never_ok() -> None:
         assert results[check_id].status is Status.UNKNOWN, check_id
     assert "no NVIDIA driver" in results["gpu_temperature"].summary["en"]
     assert "无法检查" in results["gpu_temperature"].summary["zh"]
+
+
+def test_doctor_says_what_a_user_without_the_kernel_log_cannot_see() -> None:
+    closed = replace(HEALTHY, kernel_log_readable=False, xids=None, oom_counter="/sys/fs/cgroup/user.slice/memory.events")
+    result = by_id(closed)["kernel_log_access"]
+    assert result.status is Status.WARN
+    assert "Xid" in result.summary["en"] and "memory.events" in result.summary["en"] and result.fix["en"]
+    nothing = by_id(replace(closed, oom_counter=None))["kernel_log_access"]
+    assert nothing.status is Status.WARN and "kill -9" in nothing.summary["en"]
+    assert by_id(HEALTHY)["kernel_log_access"].status is Status.OK

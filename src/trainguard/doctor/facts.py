@@ -96,6 +96,8 @@ class Facts:
     lingering: bool | None = None
     # kernel log
     xids: tuple[XidEvent, ...] | None = None
+    kernel_log_readable: bool | None = None
+    oom_counter: str | None = None  # the OOM counter a user without the kernel log still reads
     # why a value is None, in both languages ({"en", "zh"}), or as a library said it (a str):
     # {"gpus": {"en": "no NVIDIA driver ...", "zh": "没有 NVIDIA 驱动 ..."}, ...}
     unknown: dict[str, Any] = field(default_factory=dict)

@@ -19,7 +19,7 @@ from trainguard.checkpoint.layouts import newest_complete
 from trainguard.diagnosis.evidence import xid_lines
 from trainguard.doctor.checks import T, Text
 from trainguard.doctor.facts import Disk, Facts, Gpu, GpuProcess, StateDisk, XidEvent
-from trainguard.probes import kernel_log
+from trainguard.probes import kernel_log, oom_counters
 from trainguard.probes.disk_quota import user_quota
 from trainguard.probes.memory import cgroup_limit, meminfo_available
 
@@ -287,8 +287,12 @@ def gather(
         else:
             lines, _ = kernel_log.read_live()
         facts["xids"] = tuple(XidEvent(code, line.text) for code, line in xid_lines(lines))
+        facts["kernel_log_readable"] = True
     except kernel_log.KernelLogUnavailable as exc:
         unknown["xids"] = T(exc.message_en, exc.message_zh)
+        facts["kernel_log_readable"] = False
     except OSError as exc:
         unknown["xids"] = T(f"cannot read {kernel_log_file}: {exc.strerror}", f"无法读取 {kernel_log_file}：{exc.strerror}")
+    counts = oom_counters.read()
+    facts["oom_counter"] = counts.cgroup_path or ("/proc/vmstat" if counts.system is not None else None)
     return Facts(**facts, unknown=unknown)

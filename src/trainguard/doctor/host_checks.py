@@ -162,3 +162,25 @@ def check_ssh_session(facts: Facts) -> CheckResult:
     if facts.ssh:
         return check_result(cid, Status.OK, T("session: SSH", "会话：SSH"))
     return check_result(cid, Status.OK, T("session: a local session", "会话：本地会话"))
+
+
+# ------------------------------------------------------------------------------------------ kernel log
+def check_kernel_log_access(facts: Facts) -> CheckResult:
+    """What a user without the kernel log cannot see (kernel.dmesg_restrict=1, as on most shared
+    servers and in containers), and what trainguard reads instead."""
+    cid = "kernel_log_access"
+    if facts.kernel_log_readable is None:
+        return could_not_look(cid, facts, "xids")
+    if facts.kernel_log_readable:
+        return check_result(cid, Status.OK, T("the kernel log is readable: OOM kills and GPU Xid errors are read from it",
+                                              "内核日志可读：OOM 杀进程与 GPU Xid 错误从中读取"))  # fmt: skip
+    if facts.oom_counter:
+        return check_result(
+            cid, Status.WARN,
+            T("the kernel log is closed to you: GPU Xid errors cannot be seen; OOM kills are told from a kill -9 "
+              f"by the OOM counter ({facts.oom_counter})",
+              f"你无法读取内核日志：看不到 GPU Xid 错误；OOM 杀进程与 kill -9 由 OOM 计数区分（{facts.oom_counter}）"),
+        )  # fmt: skip
+    return check_result(cid, Status.WARN, T("the kernel log and the OOM counters are closed to you: an OOM kill "
+                                            "cannot be told from a kill -9, GPU Xid errors cannot be seen",
+                                            "你无法读取内核日志和 OOM 计数：无法区分 OOM 杀进程与 kill -9，也看不到 GPU Xid 错误"))  # fmt: skip
