@@ -89,3 +89,12 @@ def _stop_every_run(home: Path) -> Iterator[None]:
         for run in json.loads(listed.stdout):
             if run["state"] in ("running", "restarting"):
                 tg("stop", run["id"], "--grace", "1s")
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder every user can reach, with a copy of trainguard's source in it (tests/chaos/users.py)."""
+    from tests.chaos.users import shared_folder
+
+    with shared_folder() as folder:
+        yield folder

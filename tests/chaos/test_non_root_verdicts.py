@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.test_other_users import _runnable, _user, as_user, shared  # noqa: F401 - shared is a fixture
+from tests.chaos.users import as_user, skip_unless_runnable, user_named
 from tests.real.runs import wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")]
@@ -38,11 +38,16 @@ def _kernel_log_closed_to(user, shared: Path) -> None:
         pytest.skip("this machine lets users read the kernel log (kernel.dmesg_restrict=0): nothing to prove here")
 
 
-def test_a_kill_9_of_a_non_root_user_s_job_is_killed_not_host_oom(shared: Path) -> None:
-    bob = _user("tg-bob")
-    _runnable(bob, shared)
+def _bob_without_the_kernel_log(shared: Path):
+    """A second user who can run trainguard here and cannot read the kernel log, and his state folder."""
+    bob = user_named("tg-bob")
+    skip_unless_runnable(bob, shared)
     _kernel_log_closed_to(bob, shared)
-    home = _sticky(shared) / "bob-state"
+    return bob, _sticky(shared) / "bob-state"
+
+
+def test_a_kill_9_of_a_non_root_user_s_job_is_killed_not_host_oom(shared: Path) -> None:
+    bob, home = _bob_without_the_kernel_log(shared)
     own_home = shared / "home-tg-bob"
     env = dict(os.environ, TRAINGUARD_HOME=str(home), PYTHONPATH=str(shared / "src"), HOME=str(own_home))
     # In the foreground: the supervisor is this process (a detached one would be started from a Python
@@ -101,10 +106,7 @@ def _memory_cgroup(limit: int) -> Path:
 
 
 def test_an_oom_kill_inside_a_non_root_user_s_memory_limit_is_host_oom(shared: Path) -> None:
-    bob = _user("tg-bob")
-    _runnable(bob, shared)
-    _kernel_log_closed_to(bob, shared)
-    home = _sticky(shared) / "bob-state"
+    bob, home = _bob_without_the_kernel_log(shared)
     group = _memory_cgroup(300 * 1024 * 1024)  # as a container's --memory would be: bob's whole session in it
     hog = "a = []\nwhile True:\n    a.append(bytearray(16 * 1024 * 1024))\n"
     job = shared / "hog.py"

@@ -7,62 +7,16 @@ who runs it; user B types `trainguard restart` there."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import trainguard
+from tests.chaos.users import as_user, skip_unless_runnable, user_named
 from tests.real.runs import run_id_from, status, tg, wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")]
-
-SOURCE = Path(trainguard.__file__).resolve().parent
-
-
-def _user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A folder every user can reach (0755, root's), with a copy of trainguard's source in it."""
-    folder = Path(tempfile.mkdtemp(prefix="tg-users-", dir="/tmp"))
-    folder.chmod(0o755)
-    shutil.copytree(SOURCE, folder / "src" / "trainguard", ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [folder / "src", *(folder / "src").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def as_user(user: pwd.struct_passwd, shared: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
-    own_home = shared / f"home-{user.pw_name}"
-    if not own_home.exists():
-        own_home.mkdir(mode=0o700)
-        os.chown(own_home, user.pw_uid, user.pw_gid)
-    env = dict(os.environ, TRAINGUARD_HOME=str(home), HOME=str(own_home), PYTHONPATH=str(shared / "src"))
-    env.pop("XDG_CACHE_HOME", None)
-    env.pop("XDG_STATE_HOME", None)
-    argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
-            sys.executable, "-m", "trainguard", *args]  # fmt: skip
-    return subprocess.run(argv, env=env, cwd=shared, capture_output=True, text=True, timeout=120, check=False)
-
-
-def _runnable(user: pwd.struct_passwd, shared: Path) -> None:
-    probe = as_user(user, shared, shared / "probe", "--help")
-    if probe.returncode != 0:
-        pytest.skip(f"{user.pw_name} cannot run this Python ({sys.executable}): {probe.stderr.strip()[-200:]}")
-
 
 def _one_line(done: subprocess.CompletedProcess) -> str:
     assert done.returncode == 2, (done.stdout, done.stderr)
@@ -72,9 +26,9 @@ def _one_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_a_shared_state_folder_cannot_run_commands_as_its_second_user(shared: Path) -> None:
-    alice, bob = _user("tg-alice"), _user("tg-bob")
-    _runnable(bob, shared)
+def test_a_shared_state_folder_cannot_run_commands_as_its_seconduser_named(shared: Path) -> None:
+    alice, bob = user_named("tg-alice"), user_named("tg-bob")
+    skip_unless_runnable(bob, shared)
     trap = shared / "tgshared"
     pwned = shared / "pwned.txt"
     trap.mkdir(mode=0o777)
@@ -96,8 +50,8 @@ def test_a_shared_state_folder_cannot_run_commands_as_its_second_user(shared: Pa
 
 
 def test_a_state_folder_inside_a_folder_others_may_write_is_refused(shared: Path) -> None:
-    alice, bob = _user("tg-alice"), _user("tg-bob")
-    _runnable(bob, shared)
+    alice, bob = user_named("tg-alice"), user_named("tg-bob")
+    skip_unless_runnable(bob, shared)
     open_folder = shared / "open"
     open_folder.mkdir()
     open_folder.chmod(0o777)  # no sticky bit: alice may rename bob's folder away and put hers in its place
@@ -107,8 +61,8 @@ def test_a_state_folder_inside_a_folder_others_may_write_is_refused(shared: Path
 
 
 def test_a_non_root_user_with_a_folder_of_their_own_runs(shared: Path) -> None:
-    bob = _user("tg-bob")
-    _runnable(bob, shared)
+    bob = user_named("tg-bob")
+    skip_unless_runnable(bob, shared)
     sticky = shared / "sticky"
     sticky.mkdir()
     sticky.chmod(0o1777)  # like /tmp: others cannot rename what bob makes in it
@@ -118,7 +72,7 @@ def test_a_non_root_user_with_a_folder_of_their_own_runs(shared: Path) -> None:
 
 
 def test_a_registry_file_owned_by_someone_else_is_refused(home: Path) -> None:
-    alice = _user("tg-alice")
+    alice = user_named("tg-alice")
     assert tg("run", "--foreground", "--", "true").returncode == 0
     os.chown(home / "runs.sqlite", alice.pw_uid, alice.pw_gid)
     line = _one_line(tg("ps"))
