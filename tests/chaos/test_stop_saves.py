@@ -16,7 +16,7 @@ import pytest
 
 from tests.real.runs import run_id_from, script, status, tg, wait_for
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]  # real DataLoader workers, about 2.5 min: the slower tier
 pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
 
 LOOP = """
