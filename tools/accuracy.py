@@ -1,13 +1,14 @@
 """How right the diagnosis is on a labelled set of crash logs, as plain figures: per cause precision and
 recall, calibration by confidence band, coverage and precision of the confident answers, and the
 costly mistakes, the ones that make the supervisor restart when it should not or stop when it should
-not. Pure: judged rows and which causes the restart policy retries in, figures out
+not. Pure: judged rows and what the restart policy does after a death in, figures out
 (tools/gen_accuracy.py renders them into docs/accuracy.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from trainguard.causes import Cause
 from trainguard.supervisor.policy import Outcome, RestartPolicy, decide
@@ -28,6 +29,14 @@ TARGETS = (
 def share(part: int, whole: int) -> float | None:
     """part / whole; None when whole is 0 (nothing to measure)."""
     return part / whole if whole else None
+
+
+class Action(str, Enum):
+    """What the supervisor does after a first death it names so."""
+
+    RESTART = "restart"  # and again after each death like it, to its budget: a loop on a bug
+    ONCE = "once"  # one restart; the same cause again ends the run
+    END = "end"  # the run ends: it needs a fix first
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,8 @@ class Figures:
     causes: tuple[CauseFigures, ...]  # in the catalogue's order; only causes labelled or called
     bands: tuple[Band, ...]
     stopped_wrongly: tuple[Judged, ...]  # the root cause is retried, the one named is not: the run ends
-    restarted_wrongly: tuple[Judged, ...]  # the root cause is not retried, the one named is: a restart on a bug
+    restarted_wrongly: tuple[Judged, ...]  # the root cause is not retried, the one named is, again and again
+    restarted_once: tuple[Judged, ...]  # the root cause is not retried, the one named gets one restart
 
     @property
     def costly(self) -> int:
@@ -117,20 +127,23 @@ def against_targets(figures: Figures) -> tuple[Target, ...]:
     return tuple(Target(name, goal, at_least, *figures.fraction(name)) for name, goal, at_least in TARGETS)
 
 
-def retried_causes(causes: Mapping[str, Cause]) -> frozenset[str]:
-    """The causes after whose first death the supervisor restarts the job under its default policy
-    (`retry = "once"` included: that first restart is made)."""
-    return frozenset(
-        cause_id
-        for cause_id in causes
-        if decide([Outcome(exit_code=1, signal=None, cause=cause_id)], RestartPolicy(), causes).restart
-    )
+def policy_action(causes: Mapping[str, Cause]) -> Callable[[str, float], Action]:
+    """What the supervisor's own policy (`decide`, default settings) does after a first death named
+    ``cause`` at ``confidence``, and whether a second death like it is restarted again."""
+
+    def action(cause: str, confidence: float) -> Action:
+        death = Outcome(exit_code=1, signal=None, cause=cause, new_lines=100, confidence=confidence)
+        if not decide([death], RestartPolicy(), causes).restart:
+            return Action.END
+        return Action.RESTART if decide([death, death], RestartPolicy(), causes).restart else Action.ONCE
+
+    return action
 
 
-def judge(rows: Sequence[Judged], retried: Iterable[str], cause_order: Sequence[str]) -> Figures:
-    """``retried``: the causes the restart policy retries (``retried_causes``); ``cause_order``: the
-    order of the per-cause rows (the catalogue's ids; a cause outside it comes after, by name)."""
-    retried = frozenset(retried)
+def judge(rows: Sequence[Judged], action: Callable[[str, float], Action], cause_order: Sequence[str]) -> Figures:
+    """``action``: what the restart policy does after a death named a cause at a confidence
+    (``policy_action``; a root cause is judged at confidence 1); ``cause_order``: the order of the
+    per-cause rows (the catalogue's ids; a cause outside it comes after, by name)."""
     seen = {row.label for row in rows} | {row.cause for row in rows}
     order = [c for c in cause_order if c in seen] + sorted(seen - set(cause_order))
     causes = tuple(
@@ -143,6 +156,7 @@ def judge(rows: Sequence[Judged], retried: Iterable[str], cause_order: Sequence[
         for cause in order
     )
     confident = [row for row in rows if row.confidence >= CONFIDENT]
+    pairs = [(row, action(row.label, 1.0), action(row.cause, row.confidence)) for row in rows]
     return Figures(
         logs=len(rows),
         right=sum(row.right for row in rows),
@@ -150,8 +164,9 @@ def judge(rows: Sequence[Judged], retried: Iterable[str], cause_order: Sequence[
         confident_right=sum(row.right for row in confident),
         causes=causes,
         bands=_bands(rows),
-        stopped_wrongly=tuple(r for r in rows if r.label in retried and r.cause not in retried),
-        restarted_wrongly=tuple(r for r in rows if r.label not in retried and r.cause in retried),
+        stopped_wrongly=tuple(r for r, due, done in pairs if due is not Action.END and done is Action.END),
+        restarted_wrongly=tuple(r for r, due, done in pairs if due is Action.END and done is Action.RESTART),
+        restarted_once=tuple(r for r, due, done in pairs if due is Action.END and done is Action.ONCE),
     )
 
 

@@ -4,9 +4,10 @@ machine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from tools.accuracy import CONFIDENT, Band, Figures, Judged, Target, against_targets, share
+from tools.accuracy import CONFIDENT, Action, Band, Figures, Judged, Target, against_targets, share
+from trainguard.supervisor.policy import SURE_ENOUGH_TO_END
 
 PAGES = {"en": "docs/accuracy.md", "zh": "docs/accuracy.zh-CN.md"}
 
@@ -39,15 +40,20 @@ TEXT = {
         "no": "no",
         "costly_meaning": (
             "A costly mistake makes the supervisor act wrongly, not only print a wrong name: the root cause is\n"
-            "worth a restart and the cause named is not (the run ends when it should have gone on), or the\n"
-            "reverse (the job is restarted on a cause a restart cannot cure, a bug or a setting). Whether a\n"
-            "cause is restarted is the supervisor's own decision (`trainguard.supervisor.policy.decide`) after a\n"
-            "first death with that cause, under the default policy and the catalogue's `retry`\n"
-            '(`src/trainguard/data/causes.toml`; `retry = "once"` makes that first restart). A wrong name with\n'
-            "the same decision (`cuda_oom` named `host_oom`: both restarted) costs no more than its message.\n"
+            "worth a restart and the cause named ends the run (it ends when it should have gone on), or the\n"
+            "reverse, a restart loop on a bug: the cause named is restarted after every death like it, and the\n"
+            "root cause is one a restart cannot cure (a bug or a setting). What the supervisor does is its own\n"
+            "decision (`trainguard.supervisor.policy.decide`, default policy) after a death named so, at the\n"
+            "confidence named; what the root cause needs is that decision at confidence 1. A cause that ends the\n"
+            f"run is acted on only at confidence >= {SURE_ENOUGH_TO_END}: below, it is restarted once, "
+            "as `unknown` is. A wrong\n"
+            "name with the same decision (`cuda_oom` named `host_oom`: both restarted) costs no more than its\n"
+            "message; one restart on a bug (a cause restarted once: `unknown`, `segfault`, an unsure name)\n"
+            "costs one attempt, and is counted apart below.\n"
             "\n"
-            "- restarted: {retried}\n"
-            "- not restarted: {not_retried}"
+            "- restarted: {restart}\n"
+            "- restarted once: {once}\n"
+            "- the run ends: {end}"
         ),
         "part_heading": {
             "holdout": "## Held-out part: {logs} logs, never tuned against",
@@ -58,13 +64,16 @@ TEXT = {
         "confident_line": f"- right when the confidence is >= {CONFIDENT}: {{value}}",
         "costly_line": (
             "- costly mistakes: {count} ({share}): {stopped} runs ended that should have gone on, "
-            "{restarted} restarts on a cause a restart cannot cure"
+            "{restarted} restart loops on a cause a restart cannot cure\n"
+            "- one restart on a cause a restart cannot cure (not costly): {once}"
         ),
         "calibration_heading": "### Calibration: how often each confidence is right",
         "calibration_header": "| confidence | logs | right |",
         "stopped_heading": "### Costly: the run ends when it should have gone on",
-        "restarted_heading": "### Costly: restarted on a cause a restart cannot cure",
-        "mistakes_header": "| log | root cause (retry) | named (retry) | confidence |",
+        "restarted_heading": "### Costly: a restart loop on a cause a restart cannot cure",
+        "once_heading": "### Not costly: one restart on a cause a restart cannot cure",
+        "mistakes_header": "| log | root cause (needs) | named (the supervisor) | confidence |",
+        "action": {"restart": "restarts", "once": "restarts once", "end": "ends the run"},
         "none": "None.",
         "per_cause_heading": "### Per cause",
         "per_cause_header": "| cause | logs | named so | right | precision | recall |",
@@ -97,15 +106,19 @@ TEXT = {
         "yes": "是",
         "no": "否",
         "costly_meaning": (
-            "代价高的误判会让监督进程做错事，而不只是报错名字：根因值得重启而诊断出的原因不重启\n"
-            "（本应继续的运行就此结束），或者反过来（在重启无法解决的原因上重启作业：bug 或设置错误）。\n"
-            "一个原因是否重启，由监督进程自己的决策（`trainguard.supervisor.policy.decide`）决定：按默认\n"
-            '策略和原因目录的 `retry`（`src/trainguard/data/causes.toml`；`retry = "once"` 会做这第一次\n'
-            "重启），看该原因第一次导致作业终止后是否重启。决策相同的错名（`cuda_oom` 被判为 `host_oom`：\n"
-            "两者都重启）只是消息错了。\n"
+            "代价高的误判会让监督进程做错事，而不只是报错名字：根因值得重启，而诊断出的原因会结束运行\n"
+            "（本应继续的运行就此结束）；或者反过来，在 bug 上循环重启：诊断出的原因每次终止后都重启，\n"
+            "而根因是重启无法解决的（bug 或设置错误）。监督进程怎么做，由它自己的决策\n"
+            "（`trainguard.supervisor.policy.decide`，默认策略）按诊断出的原因和置信度决定；根因需要的做法\n"
+            f"是置信度为 1 时的同一决策。会结束运行的原因只在置信度 >= {SURE_ENOUGH_TO_END} 时照办："
+            "低于它时重启一次，\n"
+            "与 `unknown` 相同。决策相同的错名（`cuda_oom` 被判为 `host_oom`：两者都重启）只是消息错了；\n"
+            "在 bug 上重启一次（只重启一次的原因：`unknown`、`segfault`、不确定的诊断）只多花一次尝试，\n"
+            "在下面单独计数。\n"
             "\n"
-            "- 重启：{retried}\n"
-            "- 不重启：{not_retried}"
+            "- 重启：{restart}\n"
+            "- 重启一次：{once}\n"
+            "- 结束运行：{end}"
         ),
         "part_heading": {
             "holdout": "## 保留部分：{logs} 份日志，从未用于调整",
@@ -116,13 +129,16 @@ TEXT = {
         "confident_line": f"- 置信度 >= {CONFIDENT} 时的正确率：{{value}}",
         "costly_line": (
             "- 代价高的误判：{count}（{share}）：{stopped} 次本应继续的运行被结束，"
-            "{restarted} 次在重启无法解决的原因上重启"
+            "{restarted} 次在重启无法解决的原因上循环重启\n"
+            "- 在重启无法解决的原因上只重启一次（不算代价高）：{once}"
         ),
         "calibration_heading": "### 校准：各置信度区间的正确率",
         "calibration_header": "| 置信度 | 日志数 | 正确 |",
         "stopped_heading": "### 代价高：本应继续的运行被结束",
-        "restarted_heading": "### 代价高：在重启无法解决的原因上重启",
-        "mistakes_header": "| 日志 | 根因（retry） | 诊断为（retry） | 置信度 |",
+        "restarted_heading": "### 代价高：在重启无法解决的原因上循环重启",
+        "once_heading": "### 不算代价高：在重启无法解决的原因上只重启一次",
+        "mistakes_header": "| 日志 | 根因（需要） | 诊断为（监督进程） | 置信度 |",
+        "action": {"restart": "重启", "once": "重启一次", "end": "结束运行"},
         "none": "无。",
         "per_cause_heading": "### 按原因",
         "per_cause_header": "| 原因 | 日志数 | 诊断为该原因 | 正确 | 精确率 | 召回率 |",
@@ -133,24 +149,21 @@ TEXT = {
 }
 
 
-def render(parts: Mapping[str, Figures], retry: Mapping[str, str], retried: frozenset[str], lang: str) -> str:
-    """``parts``: "holdout" and "dev" figures; ``retry``: each cause's catalogue ``retry`` value;
-    ``retried``: the causes the policy restarts after a first death."""
+def render(parts: Mapping[str, Figures], action: Callable[[str, float], Action], cause_ids: Sequence[str],
+           lang: str) -> str:  # fmt: skip
+    """``parts``: "holdout" and "dev" figures; ``action``: what the policy does after a death named a
+    cause at a confidence (tools.accuracy.policy_action); ``cause_ids``: the catalogue's, in order."""
     text = TEXT[lang]
     out = [text["title"], text["breadcrumb"], text["intro"], text["generated"]]
     out += [text["targets_heading"], _targets_table(against_targets(parts["holdout"]), text)]
-    out.append(
-        text["costly_meaning"].format(
-            retried=_ids([c for c in retry if c in retried], text),
-            not_retried=_ids([c for c in retry if c not in retried], text),
-        )
-    )
+    lists = {kind.value: _ids([c for c in cause_ids if action(c, 1.0) is kind], text) for kind in Action}
+    out.append(text["costly_meaning"].format(**lists))
     for part, figures in parts.items():
-        out += _part(part, figures, retry, text)
+        out += _part(part, figures, action, text)
     return "\n\n".join(out) + "\n"
 
 
-def _part(part: str, figures: Figures, retry: Mapping[str, str], text: dict) -> list[str]:
+def _part(part: str, figures: Figures, action: Callable[[str, float], Action], text: dict) -> list[str]:
     summary = [
         text["right_overall"].format(value=_share(*figures.fraction("accuracy"), text)),
         text["coverage_line"].format(value=_share(*figures.fraction("coverage"), text)),
@@ -160,6 +173,7 @@ def _part(part: str, figures: Figures, retry: Mapping[str, str], text: dict) -> 
             share=_percent(share(*figures.fraction("costly_share")), text),
             stopped=len(figures.stopped_wrongly),
             restarted=len(figures.restarted_wrongly),
+            once=len(figures.restarted_once),
         ),
     ]
     return [
@@ -168,9 +182,11 @@ def _part(part: str, figures: Figures, retry: Mapping[str, str], text: dict) -> 
         text["calibration_heading"],
         _table(text["calibration_header"], "| --- | ---: | ---: |", [_band_row(b, text) for b in figures.bands]),
         text["stopped_heading"],
-        _mistakes(figures.stopped_wrongly, retry, text),
+        _mistakes(figures.stopped_wrongly, action, text),
         text["restarted_heading"],
-        _mistakes(figures.restarted_wrongly, retry, text),
+        _mistakes(figures.restarted_wrongly, action, text),
+        text["once_heading"],
+        _mistakes(figures.restarted_once, action, text),
         text["per_cause_heading"],
         _table(
             text["per_cause_header"],
@@ -193,11 +209,13 @@ def _targets_table(targets: Sequence[Target], text: dict) -> str:
     return _table(text["targets_header"], "| --- | --- | --- | --- |", rows)
 
 
-def _mistakes(rows: Sequence[Judged], retry: Mapping[str, str], text: dict) -> str:
+def _mistakes(rows: Sequence[Judged], action: Callable[[str, float], Action], text: dict) -> str:
     if not rows:
         return text["none"]
+    said = text["action"]
     lines = [
-        f"| `{r.id}` | `{r.label}` ({retry[r.label]}) | `{r.cause}` ({retry[r.cause]}) | {r.confidence:.2f} |"
+        f"| `{r.id}` | `{r.label}` ({said[action(r.label, 1.0).value]}) | `{r.cause}` "
+        f"({said[action(r.cause, r.confidence).value]}) | {r.confidence:.2f} |"
         for r in sorted(rows, key=lambda r: r.id)
     ]
     return _table(text["mistakes_header"], "| --- | --- | --- | ---: |", lines)

@@ -9,7 +9,7 @@ change (tests/unit/test_accuracy_doc.py fails until it is run):
 from __future__ import annotations
 
 from tests.conftest import ROOT, load_corpus
-from tools.accuracy import Judged, judge, retried_causes
+from tools.accuracy import Judged, judge, policy_action
 from tools.accuracy_page import PAGES, render
 from trainguard.causes import CAUSE_IDS, catalogue
 from trainguard.diagnosis.evidence import ExitStatus
@@ -21,20 +21,20 @@ PARTS = ("holdout", "dev")
 
 
 def judged(row: dict, scanner: Scanner) -> Judged:
-    """One corpus log diagnosed as tests/unit/test_corpus.py does: its text and its exit status."""
+    """One corpus log diagnosed as `diagnose FILE` and tests/unit/test_corpus.py do: its text (all there
+    is of the job) and its exit status."""
     status = ExitStatus.from_number(row["exit_code"]) if row["exit_code"] is not None else None
-    diagnosis = investigate([LogSource(None, [row["text"].encode()])], exit_status=status, scanner=scanner).diagnosis
+    source = LogSource(None, [row["text"].encode()])
+    diagnosis = investigate([source], exit_status=status, scanner=scanner, logs_are_all=True).diagnosis
     return Judged(row["id"], row["label"], diagnosis.cause, diagnosis.confidence)
 
 
 def pages() -> dict[str, str]:
     """The pages' text by path relative to the repository root."""
-    causes = catalogue()
-    retried = retried_causes(causes)
+    action = policy_action(catalogue())
     scanner = Scanner(default_table().signatures)
-    parts = {part: judge([judged(row, scanner) for row in load_corpus(part)], retried, CAUSE_IDS) for part in PARTS}
-    retry = {cause_id: cause.retry.value for cause_id, cause in causes.items()}
-    return {path: render(parts, retry, retried, lang) for lang, path in PAGES.items()}
+    parts = {part: judge([judged(row, scanner) for row in load_corpus(part)], action, CAUSE_IDS) for part in PARTS}
+    return {path: render(parts, action, CAUSE_IDS, lang) for lang, path in PAGES.items()}
 
 
 def main() -> None:

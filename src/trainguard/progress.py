@@ -13,9 +13,13 @@ and ``first_step_time`` (the first step of this attempt: when it was training ag
 ``resumed_step``, ``stop_signal`` and ``stop_time`` (a SIGTERM/SIGUSR1 made the job save and stop),
 ``checkpoint_dir`` (the folder the job's checkpoints really go to), ``saves`` (the newest
 checkpoints the job completed, ``[step, time, path]`` each: the supervisor records them even when
-pruning removes them before it looks at the folder), ``pid``, ``rank``. The
-supervisor adds ``last_active_time`` when the attempt ends: when it last saw the job active (output,
-a checkpoint, a step), which a hang's silence or a kill between two reports leaves behind ``step_time``.
+pruning removes them before it looks at the folder), ``save_request_done``, ``save_request_step`` and
+``save_request_time`` (the id of the newest save request answered, the step of the checkpoint that
+answers it, when that checkpoint was on disk: see ``checkpoint.saverequest``),
+``checkpoint_interval_s``, ``checkpoint_interval_why`` and ``checkpoint_interval_why_zh``
+(``every="auto"``: the period chosen and why), ``pid``, ``rank``. The supervisor adds
+``last_active_time`` when the attempt ends: when it last saw the job active (output, a checkpoint, a
+step), which a hang's silence or a kill between two reports leaves behind ``step_time``.
 """
 
 from __future__ import annotations
@@ -123,6 +127,24 @@ def report_stop(signal_number: int, step: int | None = None) -> None:
     _write(now)
 
 
+def report_save_request_done(request_id: int, step: int, saved_at: float | None = None) -> None:
+    """A checkpoint of ``step`` taken after save request ``request_id`` arrived is on disk: the
+    supervisor that asked can stop waiting. Written at once."""
+    now = time.time()
+    _record.update(save_request_done=int(request_id), save_request_step=int(step),
+                   save_request_time=now if saved_at is None else float(saved_at))  # fmt: skip
+    _write(now)
+
+
+def report_checkpoint_interval(seconds: float, why: str, why_zh: str) -> None:
+    """``every="auto"`` chose to save every ``seconds``, for the reason ``why`` (English, Chinese).
+    Written at once when it changed: it changes after a save, a minute apart at the most often."""
+    if (_record.get("checkpoint_interval_s"), _record.get("checkpoint_interval_why")) == (seconds, why):
+        return
+    _record.update(checkpoint_interval_s=float(seconds), checkpoint_interval_why=why, checkpoint_interval_why_zh=why_zh)
+    _write(time.time())
+
+
 def _is_save(entry: Any) -> bool:
     return (isinstance(entry, list) and len(entry) == 3 and untrusted.is_int(entry[0])
             and untrusted.is_number(entry[1]) and untrusted.is_text(entry[2]))  # fmt: skip
@@ -138,6 +160,12 @@ FIELDS = {
     "stop_signal": untrusted.is_int,
     "stop_time": untrusted.is_number,
     "checkpoint_dir": untrusted.is_text,
+    "save_request_done": untrusted.is_int,
+    "save_request_step": untrusted.is_int,
+    "save_request_time": untrusted.is_number,
+    "checkpoint_interval_s": untrusted.is_number,
+    "checkpoint_interval_why": untrusted.is_text,
+    "checkpoint_interval_why_zh": untrusted.is_text,
     "saves": lambda saves: isinstance(saves, list) and all(_is_save(entry) for entry in saves),
     "pid": untrusted.is_int,
     "rank": untrusted.is_int,

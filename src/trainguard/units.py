@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
@@ -32,8 +33,8 @@ def parse_duration(value: float | int | str) -> float:
             raise ValueError(f"not a duration: {value!r} (use seconds or e.g. 90s, 30m, 1h)")
         unit = match.group(2).lower() if match.group(2) else None
         seconds = float(match.group(1)) * _DURATION_UNITS[unit]
-    if seconds <= 0:
-        raise ValueError(f"a duration must be positive: {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:  # nan compares false with everything: never due
+        raise ValueError(f"a duration must be positive and finite: {value!r}")
     return seconds
 
 

@@ -44,8 +44,10 @@ for step in range(int(sys.argv[2])):
         break
 if ckpt is not None:
     ckpt.close()
-print(f"rank {rank} left at step {step} stop_requested={ckpt is not None and ckpt.stop_requested} "
-      f"weights={weights.tolist()}", flush=True)
+# One write of the whole line: two ranks share the pipe, and an unbuffered print writes its text and
+# its newline apart, so the ranks' lines could run into one.
+os.write(1, (f"rank {rank} left at step {step} stop_requested={ckpt is not None and ckpt.stop_requested} "
+             f"weights={weights.tolist()}\n").encode())
 dist.barrier()  # a clean end: a rank that leaves while another still closes can die in gloo's teardown
 dist.destroy_process_group()
 """
@@ -60,6 +62,10 @@ def torchrun(tmp_path: Path, steps: int, **env: str) -> tuple[subprocess.Complet
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     return done, folder
+
+
+def ranks_left(stdout: str) -> list[str]:
+    return sorted(line for line in stdout.splitlines() if " left at step " in line)
 
 
 def shards(folder: Path) -> dict[str, list[str]]:
@@ -79,7 +85,7 @@ def test_a_signal_that_reaches_one_rank_stops_every_rank_at_the_same_step(tmp_pa
     done, folder = torchrun(tmp_path, 400, SIGTERM_AT="40")
     # Before, rank 1 saved and left at once and rank 0 waited in its next all_reduce for good.
     assert done.returncode == 0, done.stderr[-2000:]
-    left = sorted(line for line in done.stdout.splitlines() if " left at step " in line)
+    left = ranks_left(done.stdout)
     assert len(left) == 2 and all("stop_requested=True" in line for line in left), left
     steps = {line.split(" left at step ")[1].split()[0] for line in left}
     assert len(steps) == 1, left
@@ -95,7 +101,7 @@ def test_a_job_where_only_rank_0_makes_a_checkpointer_trains_on_and_is_told_why_
     own all_reduce (a wrong sum, a hang). Here training goes on untouched, and the log says why."""
     done, folder = torchrun(tmp_path, 200, ONLY_RANK0="1")
     assert done.returncode == 0, done.stderr[-2000:]
-    left = sorted(line for line in done.stdout.splitlines() if " left at step 199 " in line)
+    left = [line for line in ranks_left(done.stdout) if " left at step 199 " in line]
     assert len(left) == 2 and all(line.endswith("weights=[400.0, 400.0, 400.0, 400.0]") for line in left), left
     assert "only 1 of the job's 2 ranks made a Checkpointer" in done.stderr
     assert not list(folder.glob("step-*/job.json"))  # rank 0's shards alone: never complete

@@ -14,24 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.real.loader_jobs import SLOW_LOADER_HEAD
 from tests.real.runs import run_id_from, script, status, tg, wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]  # real DataLoader workers, about 2.5 min: the slower tier
 pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
 
-LOOP = """
-    import sys, time
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-    from trainguard import Checkpointer
-
-    class Slow(Dataset):
-        def __len__(self):
-            return 10 ** 6
-        def __getitem__(self, i):
-            time.sleep(0.01)
-            return torch.tensor([float(i)])
-
+LOOP = SLOW_LOADER_HEAD + """
     if __name__ == "__main__":
         ckpt = Checkpointer(sys.argv[2], every="30m")
         state = ckpt.load_latest()

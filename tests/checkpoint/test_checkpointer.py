@@ -103,6 +103,13 @@ def test_every_steps_and_every_period_with_an_injected_clock(tmp_path: Path) -> 
     assert saved == [2, 5, 8]
 
 
+@pytest.mark.parametrize("every", [float("nan"), float("inf"), 0, -5, "0s"])
+def test_a_period_that_could_never_fall_due_is_refused(tmp_path: Path, every) -> None:
+    # nan compares false with every time: such a Checkpointer never saved, not even at close().
+    with pytest.raises(ValueError, match="duration"):
+        Checkpointer(tmp_path / "ckpt", every=every, handle_signals=False)
+
+
 def test_a_due_save_waits_for_the_one_in_flight_without_blocking_training(tmp_path: Path) -> None:
     """Training never waits for the disk: a save that falls due while the previous one is still being
     written is postponed to a later step, and it happens as soon as the writer is free."""
@@ -302,3 +309,14 @@ def test_a_forked_child_holding_the_writer_socket_does_not_delay_exit(tmp_path: 
     started = time.monotonic()
     subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, timeout=60)
     assert time.monotonic() - started < 10
+
+
+def test_a_file_where_the_folder_should_be_is_one_clear_error(tmp_path: Path) -> None:
+    """Before: "[Errno 17] File exists" (issue 18.6)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    with pytest.raises(CheckpointError) as error:
+        Checkpointer(a_file, handle_signals=False)
+    assert str(error.value) == f"cannot keep checkpoints in {a_file}: {a_file} is a file, not a folder"
+    with pytest.raises(CheckpointError, match=f"{a_file} is a file, not a folder"):
+        Checkpointer(a_file / "ckpt", handle_signals=False)  # a parent in the way: named too

@@ -30,10 +30,12 @@ from trainguard import Checkpointer
 ckpt = Checkpointer(sys.argv[1], every=None, every_steps=1, keep={keep}, asynchronous=sys.argv[2] == "async")
 state = ckpt.load_latest()
 start = state["step"] + 1 if state else 0
-print("ready", flush=True)
 for step in range(start, start + 1_000_000):
     ckpt.maybe_save(step, lambda: {{"step": step, "w": torch.full((300_000,), float(step)),
                                    "b": torch.arange(1000) + step, "tag": "step %d" % step}})
+    if step == start:  # killed only once a save of this attempt is complete, however loaded the machine
+        ckpt.wait()
+        print("ready", flush=True)
 """
 
 

@@ -108,9 +108,12 @@ def test_a_native_segfault_is_a_segfault(tmp_path: Path) -> None:
     crash = "import ctypes; print('step 7', flush=True); ctypes.string_at(0)"
     status = faults.run_to_log([sys.executable, "-X", "faulthandler", "-c", crash], log)
     assert status == -signal.SIGSEGV
-    assert diagnose(str(log))["cause"] == "segfault"  # faulthandler's line alone is enough
+    alone = diagnose(str(log))
+    assert alone["cause"] == "segfault"  # faulthandler's line alone is enough
     with_status = diagnose(str(log), "--exit-code", str(status))
-    assert with_status["cause"] == "segfault" and with_status["confidence"] > 0.9
+    # The exit status reports the same SIGSEGV: it confirms the death, it is not a second witness of
+    # why. A segfault names no cause for sure (a library built for another CUDA is as likely).
+    assert with_status["cause"] == "segfault" and with_status["confidence"] == alone["confidence"] < 0.8
 
 
 def test_torch_save_to_a_full_disk_is_disk_full(tmp_path: Path) -> None:

@@ -124,6 +124,22 @@ def test_the_page_renders_in_headless_chromium_without_errors(page, tmp_path: Pa
     assert shot.exists() and shot.stat().st_size > 20_000
 
 
+def test_only_a_file_is_replaced_by_the_page(home: Path, page, tmp_path: Path) -> None:
+    """`-o /dev/null` as root turned the machine's /dev/null into the page: renamed over it."""
+    _, run_id = page
+    fifo, link, victim = tmp_path / "fifo", tmp_path / "link", tmp_path / "victim.txt"
+    os.mkfifo(fifo)
+    victim.write_text("keep me")
+    link.symlink_to(victim)
+    for target in (fifo, link):
+        done = tg(home, "report", run_id, "-o", str(target))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a regular file" in done.stderr, done.stderr
+    assert fifo.is_fifo() and link.is_symlink() and victim.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link", "victim.txt"]  # no temporary file left
+    made = tg(home, "report", run_id, "-o", str(tmp_path / "page.html"))
+    assert made.returncode == 0 and (tmp_path / "page.html").read_text().startswith("<!DOCTYPE html>")
+
+
 def test_an_unknown_run_is_one_line(tmp_path: Path) -> None:
     done = tg(tmp_path, "report", "nosuchrun")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no run" in done.stderr

@@ -110,3 +110,29 @@ def test_a_job_that_saved_and_left_on_an_outside_sigterm_is_preempted_and_resume
     saved = int(out.split("saved and stopping at ")[1].split()[0])
     assert f"starting at {saved + 1}" in out and second["resumed_step"] == saved
     assert final["state"] == "succeeded" and "finished" in out
+
+
+def test_a_death_that_only_hints_at_a_bug_is_restarted_once_before_the_run_ends(tmp_path: Path, home: Path) -> None:
+    """A wrapper that exits 1 without a word when its worker died (a host OOM kill, a lost node) reads
+    as python_error at low confidence: ending the run on that guess would throw the run away."""
+    job = script(tmp_path, "train.py", """
+        import os, sys
+        attempt = int(os.environ["TRAINGUARD_ATTEMPT"])
+        print("attempt", attempt, "step 1", flush=True)
+        if attempt == 1 or os.environ.get("ALWAYS") == "1":
+            sys.exit(1)
+        print("finished", flush=True)
+    """)  # fmt: skip
+    done = tg("run", "--foreground", "--", sys.executable, job)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    first = run["attempts"][0]
+    assert run["state"] == "succeeded" and len(run["attempts"]) == 2, run
+    assert first["cause"] == "python_error" and first["confidence"] < 0.5, first
+    assert "not sure enough to end the run; restarting once" in tg("logs", run["id"]).stdout
+
+    again = tg("run", "--foreground", "--", sys.executable, job, env={**os.environ, "ALWAYS": "1"})
+    assert again.returncode == 78, again.stderr[-2000:]  # the same guess twice: fix it first
+    run = json.loads(tg("ps", "--json").stdout)[0]
+    assert run["state"] == "failed" and len(run["attempts"]) == 2, run
+    assert "python_error twice in a row" in again.stdout, again.stdout[-2000:]

@@ -12,8 +12,8 @@ from trainguard.supervisor.policy import Outcome, RestartPolicy, decide
 CAUSES = catalogue()
 
 
-def died(cause: str, *, progressed: bool = True, code: int | None = 1) -> Outcome:
-    return Outcome(exit_code=code, signal=None, cause=cause, new_lines=100 if progressed else 0)
+def died(cause: str, *, progressed: bool = True, code: int | None = 1, confidence: float = 0.9) -> Outcome:
+    return Outcome(exit_code=code, signal=None, cause=cause, new_lines=100 if progressed else 0, confidence=confidence)
 
 
 def test_causes_worth_a_retry_restart_and_the_others_do_not() -> None:
@@ -33,6 +33,19 @@ def test_cuda_oom_halves_the_batch_scale_and_hardware_waits() -> None:
 def test_once_causes_are_retried_once_in_a_row() -> None:
     assert decide([died("segfault")], RestartPolicy(), CAUSES).restart
     assert not decide([died("segfault"), died("segfault")], RestartPolicy(), CAUSES).restart
+
+
+def test_a_cause_that_ends_the_run_is_acted_on_only_when_the_diagnosis_is_sure_of_it() -> None:
+    """A guess of python_error (a generic exception line) on a host OOM would end a run that a restart
+    saves; a wrong restart costs one attempt. So an unsure one is restarted once, then ends it."""
+    guess = decide([died("python_error", confidence=0.3)], RestartPolicy(), CAUSES)
+    assert guess.restart and "not sure enough to end the run" in guess.reason.en and "重启一次" in guess.reason.zh
+    again = decide([died("python_error", confidence=0.3), died("python_error", confidence=0.3)], RestartPolicy(), CAUSES)
+    assert not again.restart and again.final_state == "failed"
+    assert not decide([died("python_error", confidence=0.5)], RestartPolicy(), CAUSES).restart
+    # The user's own --retry CAUSE=no is obeyed however unsure the diagnosis is.
+    told = RestartPolicy(retry_overrides={"python_error": Retry.NO})
+    assert not decide([died("python_error", confidence=0.3)], told, CAUSES).restart
 
 
 def test_user_overrides_per_cause() -> None:

@@ -139,9 +139,22 @@ def _missing_program(line: str, env: dict[str, str]) -> str | None:
     return None
 
 
+def _stop_examples_before(work: Path, env: dict[str, str]) -> None:
+    """Each framework's example is its own project: a reader trying the next one has stopped the last
+    (two live runs in one checkpoint folder are refused, as they should be)."""
+    listed = subprocess.run([sys.executable, "-m", "trainguard", "ps", "--json"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    for run in json.loads(listed.stdout or "[]"):
+        if run["state"] in ("running", "restarting") and run.get("name") != "vit":
+            subprocess.run([sys.executable, "-m", "trainguard", "stop", run["id"], "--grace", "1s"], cwd=work,
+                           env=env, capture_output=True, timeout=60, check=False)  # fmt: skip
+
+
 def _run(command: str, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     long_running = " exporter" in command or " -f" in command.split("#")[0] or "--follow" in command
     if not long_running:
+        if re.match(r"trainguard run .*--checkpoint-dir", command):
+            _stop_examples_before(work, env)
         if re.search(r"\bstop\b", command):  # stop needs something to stop: the reader's run is running
             subprocess.run([sys.executable, "-m", "trainguard", "restart", "vit"], cwd=work, env=env,
                            capture_output=True, timeout=60, check=False)  # fmt: skip

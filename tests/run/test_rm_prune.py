@@ -83,8 +83,9 @@ def test_rm_removes_record_and_logs_and_keeps_checkpoints_unless_asked(tmp_path:
 
 def test_rm_checkpoints_never_takes_a_folder_another_run_records(tmp_path: Path, home: Path) -> None:
     shared = tmp_path / "shared-ckpt"
-    first = ended_run(tmp_path, "--name", "first", "--checkpoint-dir", str(shared))
-    second = ended_run(tmp_path, "--name", "second", "--checkpoint-dir", str(shared))
+    mine = ("--checkpoint-dir", str(shared), "--checkpoint-glob", "step-*/model.bin")  # the saver's own format
+    first = ended_run(tmp_path, "--name", "first", *mine)
+    second = ended_run(tmp_path, "--name", "second", *mine)
     done = tg("rm", "first", "--checkpoints")
     assert done.returncode == 0, done.stderr
     assert f"checkpoints kept in {shared} (run {second['id']} records it too)" in done.stdout
@@ -103,6 +104,25 @@ def test_rm_checkpoints_never_takes_a_folder_another_run_records(tmp_path: Path,
     assert f"checkpoints kept in {project} (it holds the run's working folder)" in done.stdout
     assert (project / "train.py").exists() and (project / "step-1" / "model.bin").exists()
     assert not Path(here["log_path"]).parent.exists()
+
+
+def test_rm_checkpoints_never_takes_what_is_not_a_checkpoint(tmp_path: Path, home: Path) -> None:
+    """`--checkpoint-dir data`: `rm --checkpoints` took the whole folder, the user's data with it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("the user's data\n")
+    run = ended_run(tmp_path, "--name", "data", "--checkpoint-dir", str(data), "--checkpoint-glob", "step-*/model.bin")
+    listed = tg("rm", "data", "--checkpoints", "--dry-run")
+    assert listed.returncode == 0 and "it holds what is not a checkpoint (train.csv)" in listed.stdout, listed.stdout
+    done = tg("rm", "data", "--checkpoints")
+    assert done.returncode == 0, done.stderr
+    assert f"checkpoints kept in {data} (it holds what is not a checkpoint (train.csv)" in done.stdout, done.stdout
+    assert (data / "train.csv").read_text() == "the user's data\n" and (data / "step-1" / "model.bin").exists()
+    assert not is_recorded(run["id"])
+    # A folder of nothing but checkpoints goes, as asked.
+    (data / "train.csv").unlink()
+    again = ended_run(tmp_path, "--name", "again", "--checkpoint-dir", str(data), "--checkpoint-glob", "step-*/model.bin")
+    assert tg("rm", "again", "--checkpoints").returncode == 0 and not data.exists() and not is_recorded(again["id"])
 
 
 def test_rm_of_a_running_run_is_refused_and_removes_nothing(tmp_path: Path, home: Path) -> None:

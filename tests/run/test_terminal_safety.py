@@ -4,7 +4,9 @@ lines) has its control characters written out. `logs`, like `cat`, passes the ra
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +24,28 @@ def test_a_name_with_control_characters_is_refused(name: str) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
     assert not any(c in done.stderr for c in RAW)
     assert tg("ps", "--json").stdout.strip() in ("", "[]")
+
+
+def test_a_name_no_record_can_hold_or_that_would_reach_another_run_is_refused(tmp_path: Path, home: Path) -> None:
+    # Bytes that are not UTF-8 reach Python as surrogates: they were a traceback from the registry.
+    for name, why in ((b"n\xff", "not valid UTF-8"), (b"59a16d9f", "looks like a run id")):
+        done = subprocess.run([sys.executable, "-m", "trainguard", "run", "--name", name, "--", "true"],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 2 and why in done.stderr and "Traceback" not in done.stderr, done.stderr
+    folder = tmp_path / os.fsdecode(b"d\xff")
+    folder.mkdir()
+    done = subprocess.run([sys.executable, "-m", "trainguard", "run", "--", "true"], cwd=folder,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2 and "not valid UTF-8" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert tg("ps", "--json").stdout.strip() in ("", "[]")
+
+
+def test_the_commands_a_run_is_told_to_type_work_as_typed(home: Path) -> None:
+    started = tg("run", "--name", "a b", "--", "true")
+    assert started.returncode == 0, started.stderr
+    hint = next(line for line in started.stdout.splitlines() if "follow:" in line).split("follow:")[1].split()
+    assert hint[:2] == ["trainguard", "logs"] and hint[3] == "-f" and len(hint) == 4, hint  # the id, not "a b"
+    assert tg(*hint[1:3]).returncode == 0
 
 
 def test_a_stored_name_and_command_reach_ps_and_status_written_out(home: Path) -> None:

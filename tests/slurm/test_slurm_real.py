@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real.loader_jobs import SLOW_LOADER_HEAD
 from tests.real.runs import wait_for
 from tests.slurm.cluster import LocalSlurm
 
@@ -47,6 +48,29 @@ TRAIN = """
     print(f"finished step={total - 1}", flush=True)
 """
 
+# The most common loop: a DataLoader with forked workers and a periodic save 30 minutes away, so that
+# only the stop's own save keeps its work.
+TRAIN_LOADER = SLOW_LOADER_HEAD + """
+    if __name__ == "__main__":
+        total = int(sys.argv[1])
+        ckpt = Checkpointer(every="30m")
+        state = ckpt.load_latest()
+        start = step = state["step"] + 1 if state else 0
+        print(f"start step={start} slurm_restart={os.environ.get('SLURM_RESTART_COUNT', '0')} at={time.time():.3f}", flush=True)
+        for batch in DataLoader(Slow(), batch_size=4, num_workers=2, multiprocessing_context="fork"):
+            ckpt.maybe_save(step, lambda: {"step": step})
+            if ckpt.stop_requested:
+                ckpt.wait()
+                print(f"saved step={step} at={time.time():.3f}", flush=True)
+                sys.exit(0)
+            step += 1
+            if step == total:
+                break
+        ckpt.save({"step": total - 1}, total - 1)
+        ckpt.wait()
+        print(f"finished step={total - 1}", flush=True)
+"""
+
 # The shape of examples/slurm-train.sbatch, with a one-minute limit and a job of seconds.
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slurm-train.sbatch"
 SBATCH = """\
@@ -63,9 +87,9 @@ SBATCH = """\
 
 
 def _submit(slurm: LocalSlurm, folder: Path, *, time_limit: str = "1", signal: str = "", args: str = "",
-            srun: bool = True, options: tuple[str, ...] = ()) -> str:  # fmt: skip
+            srun: bool = True, options: tuple[str, ...] = (), train: str = TRAIN) -> str:  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "train.py").write_text(textwrap.dedent(TRAIN))
+    (folder / "train.py").write_text(textwrap.dedent(train))
     script = folder / "job.sbatch"
     script.write_text(textwrap.dedent(SBATCH).format(time=time_limit, signal=signal, ckpt=folder / "ckpt",
                                                      launcher="srun " if srun else "", python=sys.executable,
@@ -195,6 +219,9 @@ def test_a_preempted_job_saves_is_requeued_and_resumes(slurm: LocalSlurm, tmp_pa
     every_cpu = f"--cpus-per-task={slurm.cpus}"
     job_id = _submit(slurm, tmp_path, time_limit="10", args="450", srun=srun, options=(every_cpu,))
     wait_for(lambda: re.search(r"^start step=0", _job_output(tmp_path), re.M), timeout=60, what="the job to train")
+    # A SIGTERM before the loop's first maybe_save takes its course (nothing could save it): preempt a
+    # job that trains, a save in.
+    wait_for(lambda: list((tmp_path / "ckpt").glob("step-*")), timeout=60, what="the first save")
     urgent = slurm.client("sbatch", "--parsable", "--partition=urgent", every_cpu, "--output=/dev/null",
                           "--wrap=sleep 2", cwd=str(tmp_path))  # fmt: skip
     assert urgent.returncode == 0, urgent.stderr
@@ -236,3 +263,25 @@ def test_a_scancel_saves_and_is_not_undone_by_a_requeue(slurm: LocalSlurm, tmp_p
     assert "was cancelled before its time limit" in slurm_output
     assert "Exited with exit code 75" in slurm_output  # a stop from outside is still 75, just not requeued
     assert re.search(r"^saved step=\d+", _job_output(tmp_path), re.M)  # the job saved within the grace
+
+
+def test_scancel_signal_term_of_an_srun_step_saves_a_dataloader_loop_and_resumes_there(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """`scancel --signal=TERM` signals every process of the job's steps, DataLoader workers among them
+    (issue 18: the workers died first, the loop died in `next(it)` with no checkpoint, and the requeued
+    job started again at step 0). The workers are spared until the loop has saved; the job is
+    requeued (a stop from outside that is not a cancel) and resumes at the step after its save."""
+    pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
+    job_id = _submit(slurm, tmp_path, time_limit="5", args="400", train=TRAIN_LOADER)
+    wait_for(lambda: re.search(r"^start step=0", _job_output(tmp_path), re.M), timeout=60, what="the job to train")
+    time.sleep(5)
+    assert slurm.client("scancel", "--signal=TERM", job_id).returncode == 0
+    final = _wait_until_ended(slurm, job_id, tmp_path, 240)
+    output, slurm_output = _job_output(tmp_path), _slurm_output(tmp_path, job_id)
+    assert "exited unexpectedly" not in output, output[-3000:]
+    saved = re.search(r"^saved step=(\d+)", output, re.M)
+    assert saved and int(saved.group(1)) >= 10, (output[-3000:], slurm_output)
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", (final, slurm_output, output[-3000:])
+    _assert_resumed_where_saved(output)
+    assert "finished step=399" in output

@@ -60,6 +60,15 @@ def test_every_report_of_one_sigkill_is_one_witness() -> None:
     assert result.confidence == diagnose("step 41\nKilled\n").confidence <= 0.7
 
 
+def test_every_report_of_one_segfault_is_one_witness_and_names_no_cause_for_sure() -> None:
+    # `Segmentation fault (core dumped)`, faulthandler's line and exit status 139 report one SIGSEGV;
+    # the signal names no cause (an extension built for another CUDA is as likely): below 0.8.
+    log = "step 41\nFatal Python error: Segmentation fault\nSegmentation fault (core dumped)\n"
+    result = diagnose(log, exit_status=ExitStatus.from_number(139))
+    assert result.cause == "segfault"
+    assert result.confidence == diagnose("step 41\nSegmentation fault\n").confidence < 0.8
+
+
 def test_a_list_of_possible_causes_is_not_a_report_of_each() -> None:
     # Ray names SIGSEGV among the causes a vanished worker may have had: no segfault was seen.
     ray = ("The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "

@@ -15,17 +15,19 @@ from trainguard.probes.log_files import open_log
 OOM_LINE = "RuntimeError: CUDA out of memory. Tried to allocate 7.74 GiB (GPU 0; 23.69 GiB total capacity)\n"
 
 
-def run(*args: str, stdin: bytes | None = None, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+def run(*args: str, stdin: bytes | None = None, env: dict | None = None, stdin_from=None, **kwargs
+        ) -> subprocess.CompletedProcess:  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k not in ("LANG", "LC_ALL", "LC_MESSAGES")}
     environment.update(env or {})
+    if stdin_from is not None:
+        kwargs["stdin"] = stdin_from
     return subprocess.run(
         [*trainguard_cmd(), "diagnose", *args],
         input=stdin,
         capture_output=True,
         env=environment,
-        timeout=120,
         check=False,
-        **kwargs,
+        **{"timeout": 120, **kwargs},
     )
 
 
@@ -116,6 +118,37 @@ def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "binary" in one_line_error(run(str(model)))
 
 
+def test_a_fifo_or_a_device_is_refused_and_never_read_for_ever(tmp_path: Path) -> None:
+    """`diagnose /dev/zero` spun for ever, a FIFO without a writer blocked for ever, and so did
+    `diagnose - < /dev/zero`, each of them as a log and as --kernel-log."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    log = tmp_path / "train.log"
+    log.write_text("step 1\nKilled\n")
+    for target in (str(fifo), "/dev/zero"):
+        assert "not a regular file" in one_line_error(run(target, timeout=20))
+        assert "not a regular file" in one_line_error(run(str(log), "--kernel-log", target, timeout=20))
+    with open("/dev/zero", "rb") as zeros:
+        assert "is a device" in one_line_error(run("-", stdin=None, stdin_from=zeros))
+    assert "binary" in one_line_error(run("-", stdin=b"\x00" * 200_000))
+
+
+def test_a_kernel_log_that_holds_no_kernel_line_is_refused_not_read_as_no_oom_kill(tmp_path: Path) -> None:
+    """As a user without root `dmesg > FILE` writes an empty file: read as a kernel log with no OOM
+    kill, it turned a host OOM's `Killed` into someone's kill -9."""
+    log = tmp_path / "train.log"
+    log.write_text("step 100 loss 0.3\nKilled\n")
+    empty, garbage, saved = tmp_path / "empty.txt", tmp_path / "garbage.txt", tmp_path / "dmesg.txt"
+    empty.touch()
+    garbage.write_bytes(os.urandom(200_000))
+    saved.write_text("[ 4711.123456] Out of memory: Killed process 4242 (python) total-vm:1024kB\n")
+    for bad in (empty, garbage):
+        error = one_line_error(run(str(log), "--exit-code", "137", "--kernel-log", str(bad)))
+        assert "holds no kernel log line" in error and "sudo dmesg -T" in error
+    read = json.loads(run(str(log), "--exit-code", "137", "--kernel-log", str(saved), "--json").stdout)
+    assert read["cause"] == "host_oom" and read["confidence"] >= 0.8
+
+
 def test_a_file_without_read_permission(tmp_path: Path) -> None:
     log = tmp_path / "secret.log"
     log.write_text("x\n")
@@ -187,6 +220,18 @@ def test_a_reader_that_leaves_early_is_not_an_error() -> None:
         done = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m trainguard {command} | head -c 10"],
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 0 and done.stderr == "", (command, done.returncode, done.stderr)
+
+
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`trainguard logs RUN > saved.log` on a full disk: /dev/full is such a disk."""
+    env = {**os.environ, "TRAINGUARD_HOME": str(tmp_path / "state")}
+    for command in (["diagnose", "--example"], ["diagnose", "--example", "--json"], ["ps"], ["ps", "--json"],
+                    ["doctor", "--only", "swap"], ["--help"]):  # fmt: skip
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([*trainguard_cmd(), *command], stdout=full, stderr=subprocess.PIPE, text=True,
+                                  env=env, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 1, (command, done.stderr)
+        assert done.stderr == "trainguard: cannot write the output: No space left on device\n", (command, done.stderr)
 
 
 def test_a_large_log_file_gets_the_same_diagnosis_as_the_same_log_on_stdin(tmp_path: Path) -> None:

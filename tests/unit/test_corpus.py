@@ -23,7 +23,8 @@ LINES_FLOOR = 0.80
 
 def _diagnose(row: dict, scanner: Scanner):
     status = ExitStatus.from_number(row["exit_code"]) if row["exit_code"] is not None else None
-    return investigate([LogSource(None, [row["text"].encode()])], exit_status=status, scanner=scanner).diagnosis
+    return investigate([LogSource(None, [row["text"].encode()])], exit_status=status, scanner=scanner,
+                       logs_are_all=True).diagnosis
 
 
 @pytest.mark.parametrize("engine", ["hyperscan", "re"])

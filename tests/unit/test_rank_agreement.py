@@ -4,7 +4,7 @@ torch.distributed store is used by tests/chaos/test_rank_agreement.py."""
 
 from __future__ import annotations
 
-from trainguard.checkpoint.agreement import POLL_S, SavePlans
+from trainguard.checkpoint.agreement import POLL_S, SavePlans, job_namespace
 
 
 class DictStore:
@@ -91,7 +91,7 @@ def test_ranks_read_the_store_about_once_per_poll_period_not_every_step() -> Non
 
 def test_members_count_the_ranks_that_joined() -> None:
     store = DictStore()
-    first, second = SavePlans(store, "job", 2), SavePlans(store, "job", 2)
+    first, second = SavePlans(store, "job", 2, rank=0), SavePlans(store, "job", 2, rank=1)
     assert first.join() == 1 and first.members() == 1
     second.join()
     assert first.members() == 2
@@ -101,11 +101,11 @@ def test_members_count_the_ranks_that_joined() -> None:
 def test_a_store_that_outlived_a_launch_never_replays_its_plans() -> None:
     """A file store reused by the next launch (init_method=file://): the old launch's stop stays its own."""
     store, clock = DictStore(), Clock()
-    old = [SavePlans(store, "job", 2, clock) for _ in range(2)]
+    old = [SavePlans(store, "job", 2, clock, rank=r) for r in range(2)]
     for plans in old:
         plans.join()
     lockstep(old, clock, range(100), lambda rank, step: (rank == 1 and step >= 30, 15))  # stopped by SIGTERM
-    new = [SavePlans(store, "job", 2, clock) for _ in range(2)]
+    new = [SavePlans(store, "job", 2, clock, rank=r) for r in range(2)]
     assert [plans.join() for plans in new] == [1, 2]
     acted = lockstep(new, clock, range(90, 200), lambda rank, step: (False, 0))  # resumed; no signal
     assert acted == {0: [], 1: []}
@@ -122,3 +122,40 @@ def test_slow_steps_get_a_plan_for_the_next_step() -> None:
             if plan := plans.due(step, wanted=step >= 6, stop=15):
                 acted[rank].append((step, plan.stop))
     assert acted[0][0] == acted[1][0] == (7, 15)
+
+
+def test_a_launch_where_only_rank_0_joined_never_hands_its_stop_to_the_next_launch() -> None:
+    """`if rank == 0: ckpt = Checkpointer(...)` on a store that outlives its launch: the next launch's
+    rank 0 counts a launch of its own (counting every rank together, it took the old launch's keys
+    and replayed the old stop at once)."""
+    store, clock = DictStore(), Clock()
+    old = SavePlans(store, "job", 2, clock, rank=0)
+    old.join()
+    lockstep([old], clock, range(100), lambda rank, step: (step >= 30, 15))
+    new = SavePlans(store, "job", 2, clock, rank=0)
+    new.join()
+    assert lockstep([new], clock, range(100, 200), lambda rank, step: (False, 0)) == {0: []}
+
+
+def _node(attempt: str, restarts: str) -> dict[str, str]:
+    return {"TORCHELASTIC_RUN_ID": "exp-7", "TRAINGUARD_ATTEMPT": attempt, "TORCHELASTIC_RESTART_COUNT": restarts,
+            "TRAINGUARD_RUN_ID": f"run-of-this-node-{attempt}"}  # fmt: skip
+
+
+def test_nodes_whose_attempts_and_restarts_were_counted_apart_share_one_namespace() -> None:
+    """Node 0 ended peer_failure and was restarted by its trainguard (attempt 2, its torchrun's agent
+    restarted once), node 1 started fresh (attempt 1): one launch, one set of plans (issue 19.7)."""
+    restarted, fresh = _node("2", "1"), _node("1", "0")
+    assert job_namespace("ckpt", 2, 0, restarted) == job_namespace("ckpt", 2, 0, fresh)
+    assert job_namespace("ckpt", 2, 0, fresh) != job_namespace("ckpt", 2, 1, fresh)  # a second Checkpointer
+    assert job_namespace("ckpt", 2, 0, fresh) != job_namespace("ckpt", 2, 0, {**fresh, "TORCHELASTIC_RUN_ID": "x"})
+
+
+def test_ranks_of_two_nodes_with_different_attempts_plan_one_stop_together() -> None:
+    store, clock = DictStore(), Clock()
+    ranks = [SavePlans(store, job_namespace("ckpt", 2, 0, env), 2, clock, rank=r)
+             for r, env in enumerate((_node("2", "1"), _node("1", "0")))]  # fmt: skip
+    assert [plans.join() for plans in ranks] == [1, 2]
+    assert ranks[0].members() == 2  # before: 1 each ("only 1 of the job's 2 ranks made a Checkpointer")
+    acted = lockstep(ranks, clock, range(300), lambda rank, step: (rank == 1 and step >= 30, 15))
+    assert acted[0] and acted[0][0] == acted[1][0] and acted[0][0][1] == 15, acted

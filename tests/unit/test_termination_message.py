@@ -99,3 +99,30 @@ def test_a_short_message_is_not_cut() -> None:
     text = termination_message(run_id="r", state="failed", exit_code=78, attempts=1, diagnosis=PYTHON_ERROR,
                                reason=None, catalogue=CAUSES)  # fmt: skip
     assert "…" not in text and len(text.encode()) < 1024
+
+
+def test_a_long_reason_is_shortened_with_the_evidence_line_not_instead_of_its_beginning() -> None:
+    """The longest texts are cut first, each keeping its beginning: a 10 KB evidence line beside a
+    long reason keeps its start, and cause, confidence, title and the (short) first fix stay whole."""
+    line = "RuntimeError: shape mismatch " + "[1024, 1024] " * 800  # about 10 KB
+    diagnosis = {"cause": "python_error", "confidence": 0.9, "evidence": [{"source": "log", "line": 7, "text": line}]}
+    for reason in ("python_error: a restart cannot help; fix it first", "died: " + "a long account " * 400):
+        message = _message(diagnosis=diagnosis, exit_code=78, reason=reason)
+        assert message["cause"] == "python_error" and message["confidence"] == 0.9
+        assert message["title"] == CAUSES["python_error"].title["en"]
+        assert message["fix"] == CAUSES["python_error"].fixes["en"][0]
+        assert message["evidence"].startswith("log line 7: RuntimeError: shape mismatch [1024, 1024]")
+        assert message["evidence"].endswith("…") and len(message["evidence"]) > 1000
+        assert message["reason"] == reason or (message["reason"].startswith("died: a long account") and
+                                               message["reason"].endswith("…"))  # fmt: skip
+
+
+def test_texts_shorter_than_the_cut_stay_whole_and_cut_ones_are_cut_alike() -> None:
+    long_reason, long_line = "r" * 6000, "e" * 6000
+    diagnosis = {"cause": "python_error", "confidence": 0.9, "evidence": [{"source": "log", "text": long_line}]}
+    text = termination_message(run_id="r", state="failed", exit_code=78, attempts=1, diagnosis=diagnosis,
+                               reason=long_reason, catalogue=CAUSES)  # fmt: skip
+    message = json.loads(text)
+    assert MAX_BYTES - 64 < len(text.encode()) <= MAX_BYTES
+    assert abs(len(message["reason"]) - len(message["evidence"])) <= len("log: ") + 1
+    assert message["fix"] == CAUSES["python_error"].fixes["en"][0]

@@ -23,6 +23,7 @@ from trainguard.checkpoint._format import (
     TREE_FILE,
     CheckpointError,
     checkpoint_name,
+    writer_stamp,
     writing_lock,
 )
 
@@ -111,6 +112,7 @@ def write_folder(
             "step": step,
             "time": time.time() if wall_time is None else wall_time,
             "files": files,
+            **writer_stamp(),
             **extra,
         }
         write_json(final / MANIFEST_FILE, manifest)

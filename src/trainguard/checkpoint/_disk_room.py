@@ -1,6 +1,7 @@
-"""Room on disk for the next save: a save the disk cannot hold is refused before anything is written,
-so the last checkpoint stays whole. On a disk sized for ``keep`` checkpoints, damaged ones set aside
-and then the one the save replaces anyway make room first (never the newest valid one)."""
+"""The checkpoint folder, and room on disk for the next save: a save the disk cannot hold is refused
+before anything is written, so the last checkpoint stays whole. On a disk sized for ``keep``
+checkpoints, damaged ones set aside and then the one the save replaces anyway make room first (never
+the newest valid one)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ log = logging.getLogger("trainguard.checkpoint")
 
 # A save needs the room of the last one, plus this: the disk must never be what the save fills.
 DISK_MARGIN = 1024 * 1024
+
+
+def make_folder(directory: Path) -> None:
+    """Create the checkpoint folder (and its parents) where it does not exist yet."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:  # "File exists": say which, and what it is
+        in_the_way = (p for p in (directory, *directory.parents) if (p.is_symlink() or p.exists()) and not p.is_dir())
+        blocker = next(in_the_way, directory)
+        what = "a symbolic link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file, not a folder"
+        raise CheckpointError(f"cannot keep checkpoints in {directory}: {blocker} is {what}") from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot create checkpoint folder {directory}: {exc.strerror or exc}") from exc
 
 
 def free_bytes(directory: Path) -> int | None:

@@ -4,6 +4,10 @@ small JSON or text file. Each result is plain data for the pure rules in ``layou
 
 A torch archive (``torch.save``) is a zip whose central directory is written last: if it reads, the
 writer got to the end. A safetensors file says in its header how long it must be.
+
+The job wrote these files, and the supervisor reads them: each is opened only if it is a regular
+file (never a FIFO, which would block the open, nor a device), read within a bound, and whatever does
+not parse (JSON nested past the parser's depth too) is a ``problem`` of that file, never an error.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import pickle
 import struct
 import threading
 import zipfile
-from typing import Any
+from typing import Any, BinaryIO
+
+from trainguard import _untrusted as untrusted
 
 ZIP_MAGIC = b"PK\x03\x04"
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
@@ -28,43 +34,51 @@ def facts(path: str, name: str, size: int, peek: bool) -> dict[str, Any]:
     """What is inside one file: ``format`` (zip, safetensors, json, text, other), ``problem`` (why it
     cannot be whole), ``content`` (parsed JSON or text), ``peek`` (top-level scalars of a torch
     archive's pickle, when ``peek``)."""
+    kind = _kind(name)
+    if kind == "other" or (kind == "json" and size > JSON_LIMIT):
+        return {"format": kind}
+    handle = untrusted.open_regular(path)
+    if handle is None:
+        return {"format": kind, "problem": "not a regular file (or gone)"}
     try:
-        if name.endswith(".json"):
-            if size > JSON_LIMIT:
-                return {"format": "json"}
-            with open(path, "rb") as handle:
-                raw = handle.read(JSON_LIMIT + 1)
-            try:
-                return {"format": "json", "content": json.loads(raw)}
-            except ValueError as exc:
-                return {"format": "json", "problem": f"unreadable JSON ({exc.__class__.__name__}: {exc})"}
-        if name in TEXT_FILES:
-            with open(path, "rb") as handle:
+        with handle:
+            if kind == "json":
+                try:
+                    return {"format": "json", "content": json.loads(handle.read(JSON_LIMIT + 1))}
+                except (ValueError, RecursionError) as exc:
+                    return {"format": "json", "problem": f"unreadable JSON ({exc.__class__.__name__}: {exc})"[:300]}
+            if kind == "text":
                 return {"format": "text", "content": handle.read(4096).decode("utf-8", "replace").strip()}
-        if name.endswith(".safetensors"):
-            return {"format": "safetensors", **_safetensors(path, size)}
-        if name.endswith(TORCH_SUFFIXES):
-            with open(path, "rb") as handle:
-                magic = handle.read(4)
-            if magic != ZIP_MAGIC:
+            if kind == "safetensors":
+                return {"format": "safetensors", **_safetensors(handle, size)}
+            if handle.read(4) != ZIP_MAGIC:
                 return {"format": "other"}
-            return {"format": "zip", **_torch_zip(path, peek)}
+            handle.seek(0)
+            return {"format": "zip", **_torch_zip(handle, peek)}
     except OSError as exc:
         return {"format": "other", "problem": f"cannot read: {exc.strerror or exc}"}
-    return {"format": "other"}
 
 
-def _safetensors(path: str, size: int) -> dict[str, Any]:
+def _kind(name: str) -> str:
+    if name.endswith(".json"):
+        return "json"
+    if name in TEXT_FILES:
+        return "text"
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    return "torch" if name.endswith(TORCH_SUFFIXES) else "other"
+
+
+def _safetensors(handle: BinaryIO, size: int) -> dict[str, Any]:
     if size < 8:
         return {"problem": f"{size} bytes: shorter than a safetensors header"}
-    with open(path, "rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        if header_len == 0 or header_len > SAFETENSORS_HEADER_LIMIT or 8 + header_len > size:
-            return {"problem": "cut before the end of its header"}
-        try:
-            header = json.loads(handle.read(header_len))
-        except ValueError:
-            return {"problem": "unreadable header"}
+    (header_len,) = struct.unpack("<Q", handle.read(8))
+    if header_len == 0 or header_len > SAFETENSORS_HEADER_LIMIT or 8 + header_len > size:
+        return {"problem": "cut before the end of its header"}
+    try:
+        header = json.loads(handle.read(header_len))
+    except (ValueError, RecursionError):
+        return {"problem": "unreadable header"}
     try:
         data_end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (TypeError, KeyError, ValueError, IndexError, AttributeError):
@@ -75,9 +89,9 @@ def _safetensors(path: str, size: int) -> dict[str, Any]:
     return {}
 
 
-def _torch_zip(path: str, peek: bool) -> dict[str, Any]:
+def _torch_zip(handle: BinaryIO, peek: bool) -> dict[str, Any]:
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(handle) as archive:
             infos = archive.infolist()
             pickles = [info for info in infos if info.filename.endswith("/data.pkl") or info.filename == "data.pkl"]
             found: dict[str, Any] = {}

@@ -48,6 +48,15 @@ DAMAGED_NAME = re.compile(r"^damaged-step-[0-9]+-([0-9]+)$")
 CHUNK = 8 * 1024 * 1024
 LOCK_FILE = ".writing.lock"
 JOB_FILE = "job.json"
+# In a manifest and a job.json: the TRAINGUARD_RUN_ID of the run whose job wrote it, so that a run
+# never resumes from another run's state (checkpoint.resume reads it).
+WRITER_FIELD = "run"
+
+
+def writer_stamp() -> dict[str, str]:
+    """The writer field for a manifest written now: the run of this job, when trainguard runs it."""
+    run = os.environ.get("TRAINGUARD_RUN_ID")
+    return {WRITER_FIELD: run} if run else {}
 SHARD_NAME = re.compile(r"^rank-([0-9]{5,})$")
 SHARD_TMP_NAME = re.compile(r"^\.tmp-rank-([0-9]+)-([0-9]+)$")
 
@@ -101,10 +110,15 @@ def is_sharded(path: Path) -> bool:
 def writing_lock(directory: Path, blocking: bool = True, *, rank: int | None = None):
     """Held by whoever writes into the folder; the kernel drops it when the holder dies, so a folder
     whose lock is free has no save in progress and whatever half-written thing is in it is litter.
-    The ranks of one job each hold a lock of their own: their saves never wait for each other."""
+    The ranks of one job each hold a lock of their own: their saves never wait for each other.
+    A lock file is nobody else's business: private to its owner (one an older version left readable
+    is made private too), and never a link to somewhere else."""
     name = LOCK_FILE if rank is None else f".writing.{shard_name(rank)}.lock"
-    fd = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        status = os.fstat(fd)
+        if status.st_mode & 0o077 and status.st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:

@@ -49,12 +49,16 @@ def _manifest_problems(tree: Tree, folder: str, step: int) -> tuple[list[str], f
         if content.get("step") != step:
             problems.append(f"manifest.json says step {content.get('step')}")
         listed = content.get("files") if isinstance(content.get("files"), dict) else {}
+        if not listed:
+            problems.append("manifest.json lists no files")
         for name, expected in listed.items():
             present = files.get(name)
             size = expected.get("size") if isinstance(expected, dict) else None
-            if present is None:
-                problems.append(f"{name} is missing")
-            elif size is not None and present.size != size:
+            if not isinstance(size, int) or isinstance(size, bool):
+                problems.append(f"manifest.json gives no size for {name}"[:300])
+            elif present is None:
+                problems.append(f"{name} is missing"[:300])
+            elif present.size != size:
                 problems.append(f"{name}: {present.size} bytes, manifest.json says {size}")
         if isinstance(content.get("time"), (int, float)):
             when = float(content["time"])

@@ -87,7 +87,7 @@ class RankPlan:
             ordinal = _ORDINALS[(self.directory_name, self.rank)]
             _ORDINALS[(self.directory_name, self.rank)] += 1
             namespace = job_namespace(self.directory_name, self.world_size, ordinal)
-            plans = SavePlans(store, namespace, self.world_size, self._clock)
+            plans = SavePlans(store, namespace, self.world_size, self._clock, rank=self.rank)
             try:
                 plans.join()
             except Exception as exc:  # the same

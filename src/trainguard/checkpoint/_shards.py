@@ -6,7 +6,6 @@ refusing a step saved by a job of another size."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -24,9 +23,10 @@ from trainguard.checkpoint._format import (
     checkpoint_name,
     shard_name,
     step_of,
+    writer_stamp,
     writing_lock,
 )
-from trainguard.checkpoint._verified_read import quick_check, read_manifest
+from trainguard.checkpoint._verified_read import quick_check, read_json, read_manifest
 
 
 def write_shard(
@@ -73,7 +73,7 @@ def complete_job(step_dir: Path, step: int, world_size: int) -> bool:
             return False
         shards[shard.name] = manifest.files
     write_json(step_dir / JOB_FILE, {"format": FORMAT_VERSION, "step": step, "world_size": world_size,
-                                      "time": time.time(), "shards": shards})  # fmt: skip
+                                      "time": time.time(), "shards": shards, **writer_stamp()})  # fmt: skip
     with contextlib.suppress(OSError):
         fsync_dir(step_dir)
     return True
@@ -159,8 +159,8 @@ def prune_jobs(directory: Path, keep: int, protect: Path | None = None, rank: in
 def check_world_size(step_dir: Path, world_size: int) -> None:
     """Refuse to resume a job of ``world_size`` ranks from a step saved by a job of another size."""
     try:
-        saved = json.loads((step_dir / JOB_FILE).read_text(encoding="utf-8")).get("world_size")
-    except (OSError, ValueError, AttributeError):
+        saved = read_json(step_dir / JOB_FILE).get("world_size")
+    except (OSError, CheckpointError, AttributeError):
         return  # loading the shard reads its own manifest, and says what is wrong
     if saved != world_size:
         raise CheckpointError(

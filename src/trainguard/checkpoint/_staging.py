@@ -1,6 +1,6 @@
 """The staging buffer of asynchronous saves: a growable shared memory buffer (a memfd) that the writer
-process maps too. A save's tensors, and the pickled rest of the state after them, are copied into it,
-and training goes on while the writer writes them out (``_writer``)."""
+process maps too. A save's tensors, and the pickled rest of the state after them, are copied into it
+(``stage``), and training goes on while the writer writes them out (``_writer``)."""
 
 from __future__ import annotations
 
@@ -121,3 +121,31 @@ class StagingBuffer:
 def tree_offset(data_size: int) -> int:
     """Where the pickled tree starts in the staging buffer: after the tensors, page-aligned."""
     return (data_size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+
+
+def stage(staging: StagingBuffer | None, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int,
+          tree: bytes, *, asynchronous: bool) -> tuple[StagingBuffer | None, bool]:  # fmt: skip
+    """Copy the tensors, and the pickled rest of the state after them, into the shared buffer (made
+    here the first time): the buffer, and whether the save is staged (else it is written synchronously).
+
+    Everything a save holds goes through shared memory and the message to the writer stays a few
+    hundred bytes: a megabyte sent down the socket blocks the trainer as soon as the writer stops
+    reading (SIGSTOPped, hung on a dead mount), and then not even SIGTERM's save can run."""
+    if not asynchronous and not tensors:
+        return staging, False
+    if data_size == 0 and not tree:
+        return staging, True
+    try:
+        if staging is None:
+            staging = StagingBuffer()
+        if not staging.ensure(tree_offset(data_size) + len(tree)):
+            log.warning(
+                "not enough free memory to stage %.1f MB for an asynchronous save: saving synchronously",
+                (data_size + len(tree)) / 1e6,
+            )
+            return staging, False
+    except OSError as exc:
+        log.warning("cannot stage the checkpoint in memory (%s): saving synchronously", exc)
+        return staging, False
+    staging.hold(tensors, specs, data_size, tree)
+    return staging, True

@@ -1,6 +1,10 @@
 """Reading a checkpoint back, every byte checked against its manifest: the manifest itself, a file
 whole (``read_verified``) or straight into the caller's buffers (``read_into``), the cheap check of
-sizes alone that pruning uses, and which folders hold a manifest at all."""
+sizes alone that pruning uses, and which folders hold a manifest at all.
+
+A manifest (and a job's ``job.json``) is read like anything another process wrote: bounded in size,
+never followed into a FIFO or a device, and whatever does not parse (nested past the parser's depth
+too) makes the checkpoint damaged, never the reader fail."""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import os
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from trainguard import _untrusted as untrusted
 from trainguard.checkpoint._format import (
     CHUNK,
     FORMAT_VERSION,
@@ -20,10 +26,29 @@ from trainguard.checkpoint._format import (
     step_of,
 )
 
+MAX_JSON_BYTES = 8 * 1024 * 1024  # a job.json of 10,000 ranks is ~2 MB; a manifest a few hundred bytes
+
+
+def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value of a file of the checkpoint; DamagedCheckpoint for anything else."""
+    handle = untrusted.open_regular(str(path))
+    if handle is None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        raise DamagedCheckpoint(f"{path.parent.name}/{path.name} is not a regular file")
+    with handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise DamagedCheckpoint(f"{path.parent.name}/{path.name} is larger than {limit} bytes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise DamagedCheckpoint(f"{path.parent.name}/{path.name}: not readable JSON ({type(exc).__name__})") from exc
+
 
 def read_manifest(path: Path) -> Manifest:
     try:
-        raw = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+        raw = read_json(path / MANIFEST_FILE)
         manifest = Manifest(
             step=int(raw["step"]),
             time=float(raw["time"]),
@@ -34,8 +59,13 @@ def read_manifest(path: Path) -> Manifest:
         )
     except FileNotFoundError as exc:
         raise DamagedCheckpoint(f"{path.name}: no manifest (the save did not finish)") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except DamagedCheckpoint:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise DamagedCheckpoint(f"{path.name}: unreadable manifest ({exc})") from exc
+    if not all(isinstance(entry, dict) and all(untrusted.is_int(entry.get(key)) for key in ("size", "crc32"))
+               for entry in manifest.files.values()):  # fmt: skip
+        raise DamagedCheckpoint(f"{path.name}: unreadable manifest (a file without its size and checksum)")
     if manifest.format > FORMAT_VERSION:
         raise DamagedCheckpoint(f"{path.name}: written by a newer trainguard (format {manifest.format})")
     expected = step_of(path) if SHARD_NAME.match(path.name) is None else step_of(path.parent)

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,11 +81,18 @@ class SavePlans:
     enough ahead that every rank reads the plan before it gets there; every rank acts at that step."""
 
     def __init__(
-        self, store: Store, namespace: str, world_size: int, clock: Callable[[], float] = time.monotonic
+        self,
+        store: Store,
+        namespace: str,
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        rank: int = 0,
     ) -> None:
         self._store = store
         self._namespace = namespace
         self._world_size = world_size
+        self._rank = rank
         self._launch = 0  # which launch of the job on this store (a file store outlives its job)
         self._clock = clock
         self._number = 0  # the next plan's number
@@ -98,14 +105,15 @@ class SavePlans:
 
     def join(self) -> int:
         """Counts this rank among the job's Checkpointers; how many of this launch have joined so far.
-        A store that outlived an earlier launch (``init_method=file://`` reused) still counts that
-        launch's ranks: plans are kept per launch, so an old stop is never replayed."""
-        joined = self._store.add(f"{self._namespace}/members", 1)
-        self._launch = (joined - 1) // self._world_size
-        return joined - self._launch * self._world_size
+        A store that outlived an earlier launch (``init_method=file://`` reused) still holds that
+        launch's keys: each rank counts its own launches on the store, so the n-th launch of every
+        rank is the same one, its plans its own, and an old stop is never replayed, even when only
+        some ranks made a Checkpointer in an earlier launch."""
+        self._launch = self._store.add(f"{self._namespace}/rank-{self._rank}/launches", 1) - 1
+        return self._store.add(f"{self._namespace}/{self._launch}/members", 1)
 
     def members(self) -> int:
-        return self._store.add(f"{self._namespace}/members", 0) - self._launch * self._world_size
+        return self._store.add(f"{self._namespace}/{self._launch}/members", 0)
 
     def due(self, step: int, *, wanted: bool, stop: int = 0) -> Plan | None:
         """Called by every rank at every step: the plan to act on at this step, or None. ``wanted``:
@@ -164,12 +172,17 @@ def job_store() -> Any | None:
     return None
 
 
-def job_namespace(name: str, world_size: int, ordinal: int = 0) -> str:
-    """Keys of one Checkpointer of one launch of the job: the same on every rank, new at every
-    restart. ``ordinal``: the how-manieth Checkpointer on a folder of that name this process made
-    (two in one job, ``a/ckpt`` and ``b/ckpt``, must not share plans; the full path may differ
-    between nodes that mount the shared folder in different places)."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "job"
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    attempt = os.environ.get("TRAINGUARD_ATTEMPT", "0")
-    return f"trainguard/{run}/{restart}/{attempt}/{world_size}/{name}#{ordinal}"
+def job_namespace(name: str, world_size: int, ordinal: int = 0, environ: Mapping[str, str] = os.environ) -> str:
+    """Keys of one Checkpointer of the job in its store: the same on every rank of every node.
+    ``ordinal``: the how-manieth Checkpointer on a folder of that name this process made (two in
+    one job, ``a/ckpt`` and ``b/ckpt``, must not share plans; the full path may differ between
+    nodes that mount the shared folder in different places).
+
+    Only what every node of one launch shares goes in: the job's id (torchrun's rendezvous id,
+    Slurm's job id). Never a node's own count of its attempts or restarts: trainguard restarts one
+    node after a peer_failure while another starts fresh (TRAINGUARD_ATTEMPT 2 and 1), and
+    torchrun's agents count their restarts apart (TORCHELASTIC_RESTART_COUNT), yet their ranks meet
+    in one store. A new launch gets a new store, or (a store that outlives its launch, or the
+    agent's store, keyed by restart already) its own keys through ``SavePlans.join``."""
+    run = environ.get("TORCHELASTIC_RUN_ID") or environ.get("SLURM_JOB_ID") or "job"
+    return f"trainguard/{run}/{world_size}/{name}#{ordinal}"

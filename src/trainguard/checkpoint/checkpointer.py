@@ -1,8 +1,10 @@
 """``Checkpointer``: periodic, atomic, asynchronous checkpoints that save on SIGTERM and resume by
-themselves. See DESIGN section 5 for the contract. Here: when a save is due, the save, the rescue of
-a save whose writer got stuck or died, loading, closing. The on-disk form is in ``_format``; the
-staging buffer in ``_staging``, the writer process it feeds in ``_writer`` and ``_writer_control``,
-room on disk in ``_disk_room``, the plan of a job's ranks in ``_rank_plan``."""
+themselves. See DESIGN section 5 for the contract. Here: deciding at a step end whether to save (a
+stop signal, a save request, a period), the save, the rescue of a save whose writer got stuck or
+died, loading, closing. The periods and a postponed save are in ``_schedule``, save requests in
+``saverequest``; the on-disk form is in ``_format``; the staging buffer in ``_staging``, the writer
+process it feeds in ``_writer`` and ``_writer_control``, room on disk in ``_disk_room``, the plan of
+a job's ranks in ``_rank_plan``."""
 
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ from typing import Any
 from trainguard import progress
 from trainguard.checkpoint import _tree
 from trainguard.checkpoint._atomic_write import write_checkpoint
-from trainguard.checkpoint._disk_room import check_room
+from trainguard.checkpoint._disk_room import check_room, make_folder
+from trainguard.checkpoint._folder_claim import claim, release
 from trainguard.checkpoint._format import CheckpointError, DamagedCheckpoint, shard_name, step_of, writing_lock
 from trainguard.checkpoint._rank_plan import RankPlan, rank_and_world_size
 from trainguard.checkpoint._retention import clean_stale, move_aside, prune
+from trainguard.checkpoint._schedule import SaveSchedule
 from trainguard.checkpoint._shards import (
     check_world_size,
     clean_stale_shards,
@@ -32,13 +36,13 @@ from trainguard.checkpoint._shards import (
     prune_jobs,
     write_shard,
 )
-from trainguard.checkpoint._staging import StagingBuffer, tree_offset
+from trainguard.checkpoint._staging import StagingBuffer, stage, tree_offset
 from trainguard.checkpoint._state_files import direct_chunks, load_state, pickle_tree
 from trainguard.checkpoint._verified_read import complete_checkpoints
 from trainguard.checkpoint._writer_control import STUCK_FACTOR, STUCK_MIN_S, WriterProcess, WriterStuck
 from trainguard.checkpoint.agreement import job_store
+from trainguard.checkpoint.saverequest import STOP_SIGNAL, SaveRequest, SaveRequests
 from trainguard.checkpoint.stopsignal import StopSignal
-from trainguard.units import parse_duration
 
 log = logging.getLogger("trainguard.checkpoint")
 
@@ -46,7 +50,7 @@ log = logging.getLogger("trainguard.checkpoint")
 class Checkpointer:
     """Periodic, atomic, asynchronous checkpoints.
 
-    >>> ckpt = Checkpointer("ckpt", every="30m", keep=3)
+    >>> ckpt = Checkpointer("ckpt", every="30m", keep=3)  # or every="auto", or every_steps=N
     >>> state = ckpt.load_latest()
     >>> start = state["step"] + 1 if state else 0
     >>> for step in range(start, total_steps):
@@ -60,6 +64,10 @@ class Checkpointer:
     save is one shard per rank, and a step counts only once every rank's shard is in place, so
     ``load_latest`` gives every rank the same step. ``rank`` and ``world_size`` override the
     environment (``world_size=1`` on rank 0 alone: one process saves for the job).
+
+    ``every="auto"`` saves at the goodput-optimal period (Young–Daly) from the measured cost of a
+    save and ``TRAINGUARD_MTBF_S`` (see ``_schedule``). Under ``trainguard run`` a save request of
+    the supervisor (``TRAINGUARD_SAVE_REQUEST_FILE``, see ``saverequest``) is taken at the next step.
     """
 
     def __init__(
@@ -86,28 +94,24 @@ class Checkpointer:
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not one of world_size {self.world_size}")
-        self.every_s = None if every is None else parse_duration(every)
-        self.every_steps = every_steps
+        self._schedule = SaveSchedule(every, every_steps, sharded=self.world_size > 1, clock=clock)
         self.keep = keep
         self.asynchronous = asynchronous and sys.platform.startswith("linux")
         self.damaged: list[str] = []  # why checkpoints were skipped by load_latest
         self.last_saved: Path | None = None
         self.last_error: CheckpointError | None = None
-        self._clock = clock
-        self._last_save_time = clock()
-        self._last_saved_step: int | None = None
         self._last_size = 0
         self._stop = StopSignal(install=False)
         self._stop_requested = False
+        self._requests = SaveRequests()
         self._staging: StagingBuffer | None = None
         self._writer: WriterProcess | None = None
         self._expected_save_s = 0.0  # how long the last asynchronous save took
         self._rank_plan = RankPlan(self.directory.name, self.rank, self.world_size, clock, job_store)
 
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}") from exc
+        make_folder(self.directory)
+        # Before anything is cleaned as stale: another run's save in flight is not stale.
+        self._claim = claim(self.directory, os.environ.get("TRAINGUARD_RUN_ID") if self.world_size == 1 else None)
         stale = clean_stale_shards(self.directory, self.rank) if self.sharded else clean_stale(self.directory)
         for removed in stale:
             log.info("removed %s, left by a save that was killed", removed.name)
@@ -120,6 +124,20 @@ class Checkpointer:
             self._stop.install()
         self_ref = weakref.ref(self)
         atexit.register(lambda: (obj := self_ref()) is not None and obj.close())
+
+    @property
+    def every_s(self) -> float | None:
+        """Seconds between periodic saves (``every="auto"``: the period chosen now), or None."""
+        return self._schedule.every_s
+
+    @property
+    def every_why(self) -> str | None:
+        """Why ``every="auto"`` chose ``every_s`` (None for a fixed period)."""
+        return self._schedule.why.en if self._schedule.why else None
+
+    @property
+    def every_steps(self) -> int | None:
+        return self._schedule.every_steps
 
     @property
     def sharded(self) -> bool:
@@ -136,50 +154,77 @@ class Checkpointer:
     # ------------------------------------------------------------------ signals
     @property
     def stop_requested(self) -> bool:
-        """True once SIGTERM or SIGUSR1 arrived and the state was saved: leave the training loop."""
+        """True once SIGTERM or SIGUSR1 (or a save request that says "then": "stop") arrived and the
+        state was saved: leave the training loop."""
+        self._stop.polled = True  # the loop acts on stop signals: one that arrives waits for it
         return self._stop_requested
 
     # ------------------------------------------------------------------ saving
     def maybe_save(self, step: int, state: Any | Callable[[], Any]) -> bool:
-        """Save if a signal asked for it (at once, synchronously) or the period has passed. ``state``
-        may be a callable, evaluated only when a save happens. Returns whether it saved.
+        """Save if a signal asked for it (at once, synchronously), the supervisor asked for it (a save
+        request) or the period has passed. ``state`` may be a callable, evaluated only when a save
+        happens. Returns whether it saved.
 
         A failed periodic save (disk full, writer died) is logged and kept in ``last_error``, and
         training goes on with the last good checkpoint; ``save()`` and ``wait()`` raise instead."""
         progress.report_step(step)
-        signum, time_due, planned = self._decide(step)
+        self._notice_answered_request()
+        request = self._requests.check()
+        signum, time_due, planned = self._decide(step, request)
         if signum is not None and not self._stop_requested:
-            self._stop_requested = True
-            saved = self._save_logged(state, step, blocking=True)
-            log.warning("signal %s received: %s step %d; stop the training loop",
-                        signum, "saved" if saved else "could not save", step)  # fmt: skip
-            progress.report_stop(signum, step)
-            return saved
-        if not (self._steps_due(step) or time_due):
+            return self._save_and_stop(state, step, signum, request)
+        if not (self._schedule.steps_due(step) or time_due):
             return False
-        if not planned:  # a save the ranks planned together is waited for: skipped, its step is incomplete
+        # A save the ranks planned together is waited for (skipped, its step would be incomplete),
+        # and so is one the supervisor asked for: it expects a death soon.
+        if not planned and not (request is not None and not request.stop):
             if self._writer_busy():
-                return False  # the previous save is still being written: try again at a later step
+                self._schedule.postpone(step, state)  # the previous save is still being written: later
+                return False
             if self._writer is not None and not self._writer.done():
                 self._abandon_stuck_writer()
         return self._save_logged(state, step, blocking=None)
+
+    def _save_and_stop(self, state: Any | Callable[[], Any], step: int, signum: int,
+                       request: SaveRequest | None) -> bool:  # fmt: skip
+        self._stop_requested = True
+        saved = self._save_logged(state, step, blocking=True)
+        asked = f"save request {request.id}" if request is not None and request.stop else f"signal {signum} received"
+        log.warning("%s: %s step %d; stop the training loop", asked, "saved" if saved else "could not save", step)
+        progress.report_stop(signum, step)
+        return saved
+
+    def _notice_answered_request(self) -> None:
+        """The save that answers a save request is on disk: the supervisor hears it at this step, not
+        at the next save."""
+        if self._requests.answering is None or self._writer is None or not self._writer.done():
+            return
+        try:
+            self._wait_in_flight()
+        except CheckpointError as exc:
+            self.last_error = exc
+            log.error("checkpoint not saved: %s", exc)
 
     def _writer_busy(self) -> bool:
         """Whether the previous save is still being written by a writer that is not stuck."""
         return self._writer is not None and not self._writer.done() and self._writer.idle_for() < self._stuck_after()
 
-    def _decide(self, step: int) -> tuple[int | None, bool, bool]:
-        """(stop signal, save due by time, planned with the other ranks). In a job of several ranks
-        a signal one rank received and a period one rank's clock says has passed are taken at one
-        step by every rank, planned through torch.distributed's store (see ``_rank_plan``)."""
-        signum, time_due = self._stop.received, self._time_due()
+    def _decide(self, step: int, request: SaveRequest | None) -> tuple[int | None, bool, bool]:
+        """(stop signal, save due by time or asked for, planned with the other ranks). In a job of
+        several ranks a signal or a save request one rank received and a period one rank's clock
+        says has passed are taken at one step by every rank, planned through torch.distributed's
+        store (see ``_rank_plan``)."""
+        signum = self._stop.received
+        if signum is None and request is not None and request.stop:
+            signum = STOP_SIGNAL
+        due = self._schedule.time_due() or (request is not None and not request.stop)
         if not self.sharded:
-            return signum, time_due, False
-        return self._rank_plan.decide(step, signum, time_due, stop_requested=self._stop_requested)
+            return signum, due, False
+        return self._rank_plan.decide(step, signum, due, stop_requested=self._stop_requested)
 
     def _save_logged(self, state: Any | Callable[[], Any], step: int, blocking: bool | None) -> bool:
         try:
-            self.wait()  # the save in flight: its failure is its own, and must not cost this one too
+            self._wait_in_flight()  # the save in flight: its failure is its own, and must not cost this one too
         except CheckpointError as exc:
             self.last_error = exc
             log.error("checkpoint not saved: %s", exc)
@@ -191,35 +236,29 @@ class Checkpointer:
             return False
         return True
 
-    def _steps_due(self, step: int) -> bool:
-        if self.every_steps is None:
-            return False
-        last = self._last_saved_step if self._last_saved_step is not None else -1
-        if self.sharded:
-            # Every rank must save the same steps for a step to complete: periods are counted
-            # from step 0, not from this rank's last save, so a save that came late on one rank
-            # (its writer was still busy) costs that period alone, never every later one.
-            return (step + 1) // self.every_steps > (last + 1) // self.every_steps
-        return step - last >= self.every_steps
-
-    def _time_due(self) -> bool:
-        return self.every_s is not None and self._clock() - self._last_save_time >= self.every_s
-
     def save(self, state: Any, step: int, *, blocking: bool | None = None) -> None:
         """Save ``state`` as checkpoint ``step``. Asynchronous unless ``blocking`` (or the instance
         is synchronous): returns once the tensors are copied; ``wait()`` blocks until it is on disk."""
         if step < 0:
             raise ValueError(f"step must be >= 0, not {step}")
-        self.wait()
+        self._wait_in_flight()
+        started = time.monotonic()
+        self._save_now(state, step, blocking)
+        if blocking is None:  # what a periodic save costs the training (a stop's blocking save is no guide)
+            self._schedule.measured(time.monotonic() - started)
+
+    def _save_now(self, state: Any, step: int, blocking: bool | None) -> None:
         skeleton, tensors = _tree.flatten(state)
         specs, data_size = _tree.layout(tensors)
         tree = pickle_tree(skeleton, specs)
         check_room(self.directory, step, max(self._last_size, data_size + len(tree)), self.keep, sharded=self.sharded)
-        self._last_save_time = self._clock()
-        self._last_saved_step = step
+        self._schedule.saving(step)
+        self._requests.taken()
         self._last_size = data_size + len(tree)
         blocking = (not self.asynchronous) if blocking is None else blocking
-        staged = self._stage(tensors, specs, data_size, tree if not blocking else b"")
+        self._staging, staged = stage(
+            self._staging, tensors, specs, data_size, tree if not blocking else b"", asynchronous=self.asynchronous
+        )
         if staged and not blocking:
             try:
                 self._submit(step, tree, data_size)
@@ -230,7 +269,12 @@ class Checkpointer:
             except OSError as exc:  # no writer process could be started (fork refused)
                 log.warning("cannot start the checkpoint writer (%s): saving synchronously", exc)
         data = [memoryview(self._staging.map)[:data_size]] if staged and data_size else direct_chunks(tensors, specs)
-        self.last_saved = self._write(step, tree, data, None)
+        self._on_disk(step, self._write(step, tree, data, None))
+
+    def _on_disk(self, step: int, path: Path, saved_at: float | None = None) -> Path:
+        self.last_saved = path
+        self._requests.saved(step, saved_at)
+        return path
 
     def _write(self, step: int, tree: bytes, data: Any, wall_time: float | None) -> Path:
         if self.sharded:
@@ -243,31 +287,6 @@ class Checkpointer:
         progress.report_saved(step, str(path), saved_at)
         prune(self.directory, self.keep, protect=path)
         return path
-
-    def _stage(self, tensors: list[Any], specs: list[_tree.TensorSpec], data_size: int, tree: bytes) -> bool:
-        """Copy the tensors, and the pickled rest of the state after them, into the shared buffer.
-
-        Everything a save holds goes through shared memory and the message to the writer stays a few
-        hundred bytes: a megabyte sent down the socket blocks the trainer as soon as the writer stops
-        reading (SIGSTOPped, hung on a dead mount), and then not even SIGTERM's save can run."""
-        if not self.asynchronous and not tensors:
-            return False
-        if data_size == 0 and not tree:
-            return True
-        try:
-            if self._staging is None:
-                self._staging = StagingBuffer()
-            if not self._staging.ensure(tree_offset(data_size) + len(tree)):
-                log.warning(
-                    "not enough free memory to stage %.1f MB for an asynchronous save: saving synchronously",
-                    (data_size + len(tree)) / 1e6,
-                )
-                return False
-        except OSError as exc:
-            log.warning("cannot stage the checkpoint in memory (%s): saving synchronously", exc)
-            return False
-        self._staging.hold(tensors, specs, data_size, tree)
-        return True
 
     def _submit(self, step: int, tree: bytes, data_size: int) -> None:
         if self._writer is None or not self._writer.alive():
@@ -324,12 +343,22 @@ class Checkpointer:
         started = time.monotonic()
         path = self._write_staged(job)  # reported by the write itself
         self._expected_save_s = time.monotonic() - started
-        self.last_saved = path
-        return path
+        return self._on_disk(job["step"], path, job["time"])
 
     def wait(self) -> Path | None:
-        """Block until the save in flight (if any) is on disk; raise CheckpointError if it failed.
-        A writer that does not answer in time is replaced, and the save it held is written here."""
+        """Block until the save in flight (if any) is on disk, and the save that fell due while it was
+        being written is taken and on disk too; raise CheckpointError if one failed. A writer that
+        does not answer in time is replaced, and the save it held is written here."""
+        path = self._wait_in_flight()
+        postponed = self._schedule.take_postponed()
+        if postponed is not None:
+            step, state = postponed
+            log.info("saving step %d now: its save fell due while the previous one was being written", step)
+            self.save(state() if callable(state) else state, step)
+            path = self._wait_in_flight()
+        return path
+
+    def _wait_in_flight(self) -> Path | None:
         if self._writer is None:
             return None
         job = self._writer.in_flight
@@ -337,13 +366,12 @@ class Checkpointer:
             path = self._writer.wait(patience_s=self._stuck_after())
         except WriterStuck as exc:
             return self._take_over(died=exc.died)
-        if path is not None:
-            self.last_saved = path
+        if path is not None:  # the save ``job`` is on disk
             # The writer's own time for the save: the time since it was submitted also counts how
             # long nobody asked (a whole save period), and SIGTERM's save would wait 3 times that.
             self._expected_save_s = self._writer.last_save_s
-            if job is not None:
-                progress.report_saved(job["step"], str(path), job["time"])
+            progress.report_saved(job["step"], str(path), job["time"])
+            self._on_disk(job["step"], path, job["time"])
         return path
 
     def _write_staged(self, job: dict[str, Any]) -> Path:
@@ -355,7 +383,7 @@ class Checkpointer:
     def load_latest(self, map_location: str | None = "cpu") -> Any:
         """The newest complete checkpoint whose files match their manifest, or None. Damaged ones are
         skipped, logged and listed in ``self.damaged``. Tensors load on ``map_location``."""
-        self.wait()
+        self._wait_in_flight()
         for path in self._complete():
             if self.sharded:
                 check_world_size(path, self.world_size)
@@ -376,9 +404,8 @@ class Checkpointer:
                     aside = move_aside(path)
                 log.warning("skipping damaged checkpoint: %s (moved aside as %s)", exc, aside.name if aside else "?")
                 continue
-            self._last_saved_step = step_of(path)
-            self._last_save_time = self._clock()
-            progress.report_resumed(self._last_saved_step)
+            self._schedule.resumed(step_of(path))
+            progress.report_resumed(step_of(path))
             return state
         return None
 
@@ -404,6 +431,8 @@ class Checkpointer:
                 self._staging.close()
                 self._staging = None
             self._stop.close()
+            release(self._claim, self.directory, os.environ.get("TRAINGUARD_RUN_ID"))
+            self._claim = None
 
     def __enter__(self) -> Checkpointer:
         return self

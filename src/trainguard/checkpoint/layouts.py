@@ -31,11 +31,14 @@ adapter that reads the disk.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from collections.abc import Iterable
 
 from trainguard.checkpoint._files import FactsCache
+from trainguard.checkpoint._folder_claim import CLAIM_NAME
+from trainguard.checkpoint._format import DAMAGED_NAME, LOCK_FILE, TMP_NAME
 from trainguard.checkpoint._layout_frameworks import (
     ACC_NAME,
     DS_MODEL,
@@ -48,6 +51,7 @@ from trainguard.checkpoint._layout_frameworks import (
 )
 from trainguard.checkpoint._layout_trainguard import TG_NAME, TG_TMP, trainguard_rule
 from trainguard.checkpoint._layout_tree import Checkpoint, Entry, Tree
+from trainguard.checkpoint.adaptive import STATE_FILE as ADAPTIVE_STATE_FILE
 
 LAYOUTS = ("auto", "trainguard", "hf", "lightning", "deepspeed", "accelerate")
 MAX_DEPTH = 6
@@ -148,3 +152,33 @@ def scan(folder: str | os.PathLike[str], layout: str = "auto") -> list[Checkpoin
 def newest_complete(folder: str | os.PathLike[str], layout: str = "auto") -> Checkpoint | None:
     """The checkpoint to resume from: the newest complete one, or None."""
     return next((c for c in scan(folder, layout) if c.complete), None)
+
+
+# What trainguard's Checkpointer keeps beside its step folders: the writer's lock, a save in flight,
+# a damaged save set aside, the claim of the run writing there, the adaptive batch's state; and
+# DeepSpeed's pointer to its newest tag.
+_BOOKKEEPING_FILES = {LOCK_FILE, ADAPTIVE_STATE_FILE, "latest"}
+_BOOKKEEPING_NAMES = (TMP_NAME, DAMAGED_NAME, CLAIM_NAME)
+
+
+def _bookkeeping(name: str) -> bool:
+    return name in _BOOKKEEPING_FILES or any(pattern.match(name) for pattern in _BOOKKEEPING_NAMES)
+
+
+def foreign_entries(
+    folder: str | os.PathLike[str], layout: str = "auto", checkpoint_glob: str | None = None
+) -> list[str]:
+    """The names at the top of ``folder`` that are neither a checkpoint its layout finds, nor a file
+    ``checkpoint_glob`` matches (run --checkpoint-glob: a format of the job's own), nor the folder one
+    of those lies in, nor a checkpointer's bookkeeping: what a person or another program put there,
+    which removing "the checkpoints" must not take."""
+    root = os.path.abspath(os.fspath(folder))
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    found = [c.path for c in scan(root, layout)]
+    if checkpoint_glob:
+        found += glob.glob(checkpoint_glob if os.path.isabs(checkpoint_glob) else os.path.join(root, checkpoint_glob))
+    held = {os.path.relpath(path, root).split(os.sep)[0] for path in found}
+    return [name for name in names if name not in held and not _bookkeeping(name)]

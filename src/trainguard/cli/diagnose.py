@@ -11,12 +11,13 @@ import click
 
 from trainguard._i18n import LANGUAGES, choose_language
 from trainguard._resources import EXAMPLE_LOG_PATH
-from trainguard.diagnosis.evidence import ExitStatus, KernelLine
+from trainguard.diagnosis.evidence import ExitStatus, KernelLine, Observation
 from trainguard.diagnosis.oom_evidence import OomDeltas
-from trainguard.diagnosis.scan import LogFile, read_blocks
+from trainguard.diagnosis.scan import LogFile
+from trainguard.diagnosis.signatures import Role
 from trainguard.errors import InputError, UsageError
 from trainguard.postmortem import LogSource, Report, investigate
-from trainguard.probes.log_files import open_log
+from trainguard.probes.log_files import open_log, open_stdin_log
 
 # A job's death and the kernel's record of it happen within moments of the log's last write; the
 # window is wide enough for a slow OOM kill and narrow enough to leave other days' records out.
@@ -47,6 +48,8 @@ def _kernel_lines(
     if spec != "auto":
         try:
             return kernel_log.read_saved(spec, now=now), True
+        except kernel_log.KernelLogUnavailable as exc:
+            raise InputError(exc.message_en, exc.message_zh) from exc
         except OSError as exc:
             raise InputError(
                 f"cannot read kernel log {spec}: {exc.strerror}", f"无法读取内核日志 {spec}：{exc.strerror}"
@@ -121,7 +124,7 @@ def diagnose(
         mtimes = []
         for target in targets:
             if target == "-":
-                sources.append(LogSource("<stdin>" if len(targets) > 1 else None, read_blocks(sys.stdin.buffer)))
+                sources.append(LogSource("<stdin>" if len(targets) > 1 else None, open_stdin_log(sys.stdin.buffer)))
                 mtimes.append(now)
                 continue
             if not os.path.lexists(target):
@@ -197,7 +200,24 @@ def _diagnose_run(ref: str, exit_status: ExitStatus | None) -> Report | None:
         error_file=os.path.join(run.run_dir, f"attempt-{attempt.n}.error.json"),
         hang_timeout_s=run.options.get("hang_timeout_s") if attempt.cause == "hang" else None,
         oom_deltas=_recorded_oom_deltas(attempt.containment),
+        extra=_seen_by_the_supervisor(attempt.diagnosis),
+        bounded_log=attempt.log_path,
     )
+
+
+def _seen_by_the_supervisor(diagnosis: dict | None) -> list[Observation]:
+    """What only the run's supervisor saw at the death (the leak it met, other nodes that never
+    came, the job stopping on a signal, its samples): kept in the recorded diagnosis, not in any log,
+    and read back as the evidence of the cause that was recorded with it."""
+    if not isinstance(diagnosis, dict) or not isinstance(diagnosis.get("cause"), str) or diagnosis["cause"] == "hang":
+        return []  # a hang's evidence is made again from the run's --hang-timeout
+    confidence = diagnosis.get("confidence")
+    weight = float(confidence) if isinstance(confidence, (int, float)) else 0.5
+    return [Observation(source="telemetry", cause=diagnosis["cause"], weight=weight, role=Role.ROOT,
+                        rule="supervisor:recorded", text=item["text"])
+            for item in diagnosis.get("evidence") or []
+            if isinstance(item, dict) and item.get("source") == "telemetry"
+            and isinstance(item.get("text"), str)]  # fmt: skip
 
 
 def _recorded_oom_deltas(containment: dict | None) -> OomDeltas | None:

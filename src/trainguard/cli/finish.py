@@ -1,5 +1,6 @@
 """The end of a run supervised in the foreground (``run --foreground``, ``restart --foreground``), as a
-scheduler runs it: its verdict written for Kubernetes, and handed to Slurm for a requeue."""
+scheduler runs it: its verdict written for Kubernetes (a regular file only, and never waiting: a
+path that cannot take it is one warning), and handed to Slurm for a requeue."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import click
 
-from trainguard._i18n import choose_language
+from trainguard._i18n import Text, choose_language
 from trainguard.cli.output import say
 from trainguard.integrations import kubernetes, slurm
 from trainguard.store.registry import Registry, RegistryError
@@ -64,6 +65,11 @@ class Finish:
         )
         try:
             kubernetes.write_termination_log(path, message)
+        except kubernetes.NotARegularFile as exc:
+            why = exc.why
         except OSError as exc:
-            click.echo(say(f"trainguard: warning: cannot write the termination log {path}: {exc.strerror or exc}",
-                           f"trainguard：警告：无法写入终止日志 {path}：{exc.strerror or exc}"), err=True)  # fmt: skip
+            why = Text(str(exc.strerror or exc), str(exc.strerror or exc))
+        else:
+            return
+        click.echo(say(f"trainguard: warning: cannot write the termination log {path}: {why.en}",
+                       f"trainguard：警告：无法写入终止日志 {path}：{why.zh}"), err=True)  # fmt: skip

@@ -14,8 +14,16 @@ from trainguard._i18n import choose_language
 from trainguard.cli.output import say
 from trainguard.cli.params import open_registry
 from trainguard.errors import UsageError
-from trainguard.store.registry import Registry, Run
-from trainguard.store.runlogs import attempt_region, start_marker
+from trainguard.store.registry import Attempt, Registry, Run
+from trainguard.store.runlogs import (
+    LogRegion,
+    attempt_pieces,
+    attempt_region,
+    dropped_marker,
+    logs_removed_through,
+    read_kept,
+    start_marker,
+)
 from trainguard.store.states import TERMINAL_STATES, RunState
 
 
@@ -39,10 +47,31 @@ def _copy(path: str, start: int, end: int | None, write: Callable[[bytes], None]
         return log.tell()
 
 
+def copy_kept(log_path: str, position: int, attempt_n: int, lang: str,
+              write: Callable[[bytes], None] = _to_stdout) -> int:
+    """Print an attempt's output from ``position`` (an offset in all it wrote): the pieces its bounded
+    log keeps (``store.runlogs``), with a line where a part was dropped. The position reached."""
+    for piece in attempt_pieces(log_path):
+        end = None if piece.size is None else piece.start + piece.size
+        if end is not None and end <= position:
+            continue
+        if piece.path is None:
+            assert end is not None
+            write(dropped_marker(attempt_n, end - position, lang).encode())
+            position = end
+            continue
+        offset = max(0, position - piece.start)
+        if piece.size is None and os.path.getsize(piece.path) < offset:
+            return position  # the live log is being cut right now: its record follows
+        position = piece.start + _copy(piece.path, offset, None if piece.size is None else piece.size, write)
+    return position
+
+
 def _print_attempts(run_record: Run, only: int | None) -> None:
     """Each attempt's output after its marker line (a note on stderr for a log that is gone)."""
     lang = choose_language(None, os.environ)
     previous = None
+    removed = logs_removed_through(run_record.run_dir)
     for attempt in run_record.attempts:
         if only is None or attempt.n == only:
             region = attempt_region(run_record, attempt)
@@ -50,12 +79,23 @@ def _print_attempts(run_record: Run, only: int | None) -> None:
                 sys.stdout.write(start_marker(attempt, previous, lang))
                 sys.stdout.flush()
             try:
-                _copy(region.path, region.start, region.end)
+                if attempt.log_path:
+                    copy_kept(attempt.log_path, 0, attempt.n, lang)
+                else:
+                    _copy(region.path, region.start, region.end)
+            except BrokenPipeError:
+                raise  # the reader left (| head): not a log that is gone
             except OSError:
-                gone = say(
-                    f"trainguard: the log of attempt {attempt.n} ({region.path}) no longer exists",
-                    f"trainguard：第 {attempt.n} 次尝试的日志（{region.path}）已不存在",
-                )
+                if attempt.n <= removed:
+                    gone = say(f"trainguard: the log of attempt {attempt.n} was removed to keep the run's logs within "
+                               "their bound (--log-max-size, --log-backups)",
+                               f"trainguard：第 {attempt.n} 次尝试的日志已被删除，以使运行的日志不超过上限"
+                               "（--log-max-size、--log-backups）")  # fmt: skip
+                else:
+                    gone = say(
+                        f"trainguard: the log of attempt {attempt.n} ({region.path}) no longer exists",
+                        f"trainguard：第 {attempt.n} 次尝试的日志（{region.path}）已不存在",
+                    )
                 click.echo(gone, err=True)
         previous = attempt
 
@@ -91,7 +131,7 @@ def logs(ref: str, follow: bool, attempt: int | None) -> int:
         if last is not None:
             region = attempt_region(run_record, last)
             try:
-                position = region.end if region.end is not None else os.path.getsize(region.path)
+                position = region.end if region.end is not None else _written(last.log_path or region.path)
             except OSError:
                 position = region.start
         follow_run(registry, run_record, last.n if last else None, position)
@@ -110,13 +150,13 @@ def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, po
             if current is not None:
                 region = attempt_region(record, current)
                 with _suppress_missing():
-                    position = _copy(region.path, max(position, region.start), region.end, write)
+                    position = _copy_from(current, region, position, lang, write)
             record = registry.get(record.id) or record
             newer = [a for a in record.attempts if current is None or a.n > current.n]
             if newer:
                 if current is not None:  # what the old attempt wrote last, then the new one's marker
                     with _suppress_missing():
-                        _copy(region.path, position, region.end, write)
+                        _copy_from(current, region, position, lang, write)
                 previous, current = current, newer[0]
                 if current.log_path:
                     write(start_marker(current, previous, lang).encode())
@@ -125,8 +165,19 @@ def follow_run(registry: Registry, record: Run, attempt_n: int | None = None, po
             if RunState(record.state) in TERMINAL_STATES or until():
                 if current is not None:
                     with _suppress_missing():
-                        _copy(region.path, position, region.end, write)
+                        _copy_from(current, region, position, lang, write)
                 return
             time.sleep(0.2)
     except KeyboardInterrupt:
         click.echo(say("\n(stopped following; the job goes on)", "\n（已停止跟踪；作业继续运行）"), err=True)
+
+
+def _written(log_path: str) -> int:
+    """How much an attempt has written so far (what its bounded log dropped included)."""
+    return read_kept(log_path).live_start + os.path.getsize(log_path)
+
+
+def _copy_from(attempt: Attempt, region: LogRegion, position: int, lang: str, write: Callable[[bytes], None]) -> int:
+    if attempt.log_path:
+        return copy_kept(attempt.log_path, position, attempt.n, lang, write)
+    return _copy(region.path, max(position, region.start), region.end, write)

@@ -126,16 +126,43 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         # `trainguard diagnose ... | head`: the reader left; that is not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
         return 0
     except KeyboardInterrupt:
         return _fail("interrupted" if lang == "en" else "已中断", 130)
+    except OSError as exc:
+        # What the commands do not expect is most often their own output failing: `trainguard logs
+        # RUN > saved.log` on a full disk. One line, never a traceback.
+        _silence_stdout()
+        return _fail(_os_error(exc, lang), 1)
     return result if isinstance(result, int) else 0
 
 
+def _os_error(exc: OSError, lang: str) -> str:
+    reason = exc.strerror or str(exc)
+    if exc.filename:
+        return f"cannot write {exc.filename}: {reason}" if lang == "en" else f"无法写入 {exc.filename}：{reason}"
+    return f"cannot write the output: {reason}" if lang == "en" else f"无法写出输出：{reason}"
+
+
+def _silence_stdout() -> None:
+    """Nothing more reaches a standard output that failed, not even the interpreter's last flush
+    (which would print its own traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    except OSError as exc:
+        _silence_stdout()
+        code = _fail(_os_error(exc, choose_language(None, os.environ)), 1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

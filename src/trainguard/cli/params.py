@@ -4,6 +4,7 @@ RUN argument is looked up."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable
 from typing import TypeVar
@@ -53,7 +54,24 @@ def _run_name(value: str) -> str:
     a bidi override) or that hides itself (blank) is refused."""
     if not value.strip() or has_control(value):
         raise ValueError(f"{visible(value)!r} is not a usable name: give one without control characters")
+    if not _utf8(value):
+        raise ValueError(f"{visible(value)!r} is not a usable name: it is not valid UTF-8")
+    if _RUN_ID.fullmatch(value):
+        # A run is found by its id before its name: this name would reach another run, or none.
+        raise ValueError(f"{value!r} is not a usable name: it looks like a run id (8 hex digits)")
     return value
+
+
+_RUN_ID = re.compile(r"[0-9a-f]{8}")
+
+
+def _utf8(text: str) -> bool:
+    """Bytes that are not UTF-8 reach Python as lone surrogates, which no record can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 as_run_name = _parsed_by(_run_name)

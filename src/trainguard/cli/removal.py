@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trainguard._i18n import Text
 from trainguard._untrusted import load_object
+from trainguard.checkpoint import layouts
 from trainguard.store.registry import Registry, Run
 from trainguard.supervisor import lock as run_lock
 
@@ -54,6 +55,8 @@ class Removal:
     keep_entry: str | None = None  # the entry of run_dir that holds ``kept``, which stays with the note
     keep_all: bool = False  # ``kept`` is run_dir itself: only the record goes
     cwd: str | None = None  # the run's working folder, which no removal takes
+    layout: str = "auto"  # how the run's checkpoints are laid out (run --checkpoint-layout)
+    checkpoint_glob: str | None = None  # run --checkpoint-glob: the files that are its checkpoints
 
     @property
     def freed(self) -> int:
@@ -103,6 +106,14 @@ def _must_stay(folder: Path, removal: Removal, others: list[Run], state_dir: Pat
         return Text("it is in the state folder, outside the run's own folder", "它在状态目录中，不在该运行自己的目录里")
     if removal.cwd and _inside(_real(removal.cwd), real):
         return Text("it holds the run's working folder", "其中有该运行的工作目录")
+    # A folder the user named may hold more than checkpoints (`--checkpoint-dir data`): what trainguard
+    # cannot tell for a checkpoint stays. The run's own folder is trainguard's, given to the job whole.
+    outside = not _inside(real, _real(removal.run_dir))
+    if outside and (foreign := layouts.foreign_entries(real, removal.layout, removal.checkpoint_glob)):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        shown_zh = "、".join(foreign[:3]) + (f" 等 {len(foreign)} 项" if len(foreign) > 3 else "")
+        return Text(f"it holds what is not a checkpoint ({shown}): remove the checkpoints in it yourself",
+                    f"其中有不是检查点的内容（{shown_zh}）：请自行删除其中的检查点")  # fmt: skip
     for other in others:
         recorded = other.options.get("checkpoint_dir")
         if recorded and (_inside(real, _real(recorded)) or _inside(_real(recorded), real)):
@@ -137,7 +148,9 @@ def _plan(removal: Removal, folder: Path | None, others: list[Run], state_dir: P
 def plan_run(run: Run, others: list[Run], state_dir: Path, *, checkpoints: bool) -> Removal:
     """What removing the recorded ``run`` takes; ``others``: the runs that stay recorded."""
     recorded = run.options.get("checkpoint_dir")
-    removal = Removal(run.id, run.name, Path(run.run_dir), cwd=run.cwd)
+    removal = Removal(run.id, run.name, Path(run.run_dir), cwd=run.cwd,
+                      layout=str(run.options.get("checkpoint_layout") or "auto"),
+                      checkpoint_glob=run.options.get("checkpoint_glob") or None)  # fmt: skip
     return _plan(removal, Path(recorded) if recorded else None, others, state_dir, checkpoints)
 
 

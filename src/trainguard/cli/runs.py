@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import click
@@ -28,15 +28,24 @@ from trainguard.store.registry import Registry, Run, RunNotFound
 from trainguard.store.states import TERMINAL_STATES, RunState
 from trainguard.supervisor import service
 from trainguard.supervisor.lock import AlreadyWatched
+from trainguard.supervisor.log_policy import MIN_MAX_SIZE
+from trainguard.units import format_size
 
 
 def _cwd() -> str:
     try:
-        return os.getcwd()
+        cwd = os.getcwd()
     except FileNotFoundError:
         raise UsageError(
             "the current folder no longer exists: cd to a folder that does", "当前目录已不存在：请先 cd 到存在的目录"
         ) from None
+    try:
+        cwd.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(cwd).decode("utf-8", "backslashreplace")
+        raise UsageError(f"the current folder's path is not valid UTF-8 ({shown}): run from a folder whose path is",
+                         f"当前目录的路径不是有效的 UTF-8（{shown}）：请在路径有效的目录中运行") from None  # fmt: skip
+    return cwd
 
 
 def _refuse_detaching_from_slurm(foreground: bool) -> None:
@@ -64,7 +73,7 @@ def _newest_named(name: str) -> tuple[Registry, Run] | None:
 
 
 def _started_message(record: Run, command: list[str], verb_en: str = "started", verb_zh: str = "已启动") -> None:
-    ref = record.name or record.id
+    ref = record.ref
     click.echo(
         say(
             f"{verb_en} run {record.id} (pid {record.job_pid}): {shell_join(command)}\n"
@@ -135,6 +144,22 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
     "--memory-limit", callback=as_size, metavar="SIZE", help="Put the job in its own memory cgroup (e.g. 64G)."
 )
 @click.option(
+    "--log-max-size",
+    callback=as_size,
+    default="50M",
+    show_default=True,
+    metavar="SIZE",
+    help="An attempt's log is rotated at this size: it keeps its first 1 MiB and its newest part (the live "
+    "log and --log-backups earlier pieces), which is what a diagnosis reads; `logs` stitches them.",
+)
+@click.option(
+    "--log-backups",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="Earlier pieces of an attempt's newest output kept beside its live log (each up to --log-max-size).",
+)
+@click.option(
     "--peer-timeout",
     callback=as_duration,
     default="10m",
@@ -200,8 +225,9 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, checkpoint_layout, resume_arg,
-        hang_timeout, memory_limit, peer_timeout, grace, stop_signal, sample_interval, notify, config_file,
-        metrics_port, metrics_bind, foreground, follow, requeue, termination_log, command) -> int:  # fmt: skip
+        hang_timeout, memory_limit, log_max_size, log_backups, peer_timeout, grace, stop_signal, sample_interval,
+        notify, config_file, metrics_port, metrics_bind, foreground, follow, requeue, termination_log,
+        command) -> int:  # fmt: skip
     """Run a training job that survives disconnects and restarts from its checkpoint when it dies.
 
     \b
@@ -255,6 +281,10 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         service.check_checkpoint_dir(os.path.abspath(checkpoint_dir))
     if memory_limit is not None:
         service.check_memory_limit(memory_limit)
+    if log_max_size < MIN_MAX_SIZE:
+        given, least = format_size(log_max_size), format_size(MIN_MAX_SIZE)
+        raise UsageError(f"--log-max-size {given} is below the least, {least}",
+                         f"--log-max-size {given} 小于下限 {least}")  # fmt: skip
     notifiers = [from_flag(item) for item in notify] + (from_config(config_file) if config_file else [])
     if metrics_port is not None:
         _check_port_free(metrics_bind, metrics_port)
@@ -271,6 +301,8 @@ def run(name, restart, max_restarts, retry, checkpoint_dir, checkpoint_glob, che
         grace_s=grace,
         stop_signal=stop_signal,
         memory_limit=memory_limit,
+        log_max_size=log_max_size,
+        log_backups=log_backups,
         sample_interval_s=sample_interval,
         notify=to_record(notifiers) or None,
         metrics_port=metrics_port,
@@ -335,12 +367,16 @@ def _report_start(registry: Registry, started: Run, *, follow: bool, continued: 
 
 
 def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool, finish: Finish | None = None,
-              **changes: Any) -> int:  # fmt: skip
-    """Continue an ended run in place (with ``changes`` to its command, cwd, options): its lock is
+              environment: Mapping[str, str] | None = None, **changes: Any) -> int:  # fmt: skip
+    """Continue an ended run in place (with ``changes`` to its command, cwd, options), its job with
+    ``environment`` from now on (by default this command's, as a `run` records it): its lock is
     taken here and handed to its supervisor, so that nothing meets it unheld while it starts."""
     with _stop_signals_wait_for_the_supervisor(swallow=not foreground):
         before = registry.get(run_id)
-        lock = service.prepare_continue(registry, run_id, **changes)
+        if gone := service.check_continued_checkpoint_dir(before, changes.get("options")):
+            click.echo(say(gone.en, gone.zh), err=True)
+        environment = dict(os.environ) if environment is None else environment
+        lock = service.prepare_continue(registry, run_id, environment=environment, **changes)
         record = registry.get(run_id)
         try:
             if foreground:
@@ -361,10 +397,27 @@ def _continue(registry: Registry, run_id: str, *, foreground: bool, follow: bool
 @click.argument("ref", metavar="RUN")
 @click.option("--foreground", is_flag=True, help="Supervise here instead of detaching.")
 @click.option("--follow", is_flag=True, help="Detach, then follow the log.")
-def restart(ref: str, foreground: bool, follow: bool) -> int:
-    """Continue an ended run in place: same command and checkpoint folder, the next attempt, resumed
-    from its newest checkpoint (as pressing up-arrow in tmux would, without losing the steps)."""
+@click.option(
+    "--env",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one variable of the run's environment, for this attempt and the later ones (repeatable); "
+    "KEY= sets it empty.",
+)
+@click.option(
+    "--unset-env",
+    "removals",
+    multiple=True,
+    metavar="KEY",
+    help="Remove one variable from the run's environment (repeatable).",
+)
+def restart(ref: str, foreground: bool, follow: bool, assignments: tuple[str, ...], removals: tuple[str, ...]) -> int:
+    """Continue an ended run in place: same command, checkpoint folder, working folder and
+    environment (those of its `run`, not this shell's), the next attempt, resumed from its newest
+    checkpoint (as pressing up-arrow in tmux would, without losing the steps)."""
     _refuse_detaching_from_slurm(foreground)
+    changes = service.parse_env_changes(assignments, removals)
     registry = open_registry()
     record = registry.resolve(ref)
     if RunState(record.state) not in TERMINAL_STATES:
@@ -375,7 +428,20 @@ def restart(ref: str, foreground: bool, follow: bool) -> int:
             f"run {record.id} is still active without a supervisor: `trainguard adopt {ref}` watches it again",
             f"运行 {record.id} 仍在进行但没有监督进程：用 `trainguard adopt {ref}` 重新接管",
         )
-    return _continue(registry, record.id, foreground=foreground, follow=follow)
+    if not os.path.isdir(record.cwd):
+        raise UsageError(
+            f"run {record.id} works in {record.cwd}, which is no longer a folder: make it again, or start the "
+            "command anew from another folder with `trainguard run --name NAME -- CMD`",
+            f"运行 {record.id} 的工作目录 {record.cwd} 已不是目录：请重新创建它，或在另一个目录中用 "
+            "`trainguard run --name NAME -- CMD` 重新开始该命令",
+        )
+    environment, was_recorded = service.continued_environment(record, os.environ, changes)
+    if not was_recorded:
+        click.echo(say(f"note: run {record.id} was started by an older trainguard, which kept no record of its "
+                       "environment: it continues with this shell's, recorded for it from now on",
+                       f"注意：运行 {record.id} 由旧版 trainguard 启动，没有记录其环境变量："
+                       "将使用当前 shell 的环境继续，并从此记录下来"), err=True)  # fmt: skip
+    return _continue(registry, record.id, foreground=foreground, follow=follow, environment=environment)
 
 
 def _check_port_free(bind: str, port: int) -> None:

@@ -3,8 +3,10 @@ of each death, its goodput) as a person reads it or as JSON, and one run's HTML 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from datetime import datetime, timezone
@@ -13,7 +15,7 @@ from typing import Any
 
 import click
 
-from trainguard import goodput
+from trainguard import goodput, progress
 from trainguard._i18n import choose_language
 from trainguard._terminal import visible
 from trainguard.cli.output import say
@@ -22,9 +24,13 @@ from trainguard.cli.render import STATE_ZH, shell_join
 from trainguard.errors import UsageError
 from trainguard.goodput import Goodput
 from trainguard.paths import open_private
-from trainguard.store.registry import Registry, Run
+from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.store.states import PUBLIC_STATE, TERMINAL_STATES, RunState
 from trainguard.supervisor import service
+from trainguard.supervisor.attempt_files import progress_file
+from trainguard.units import format_duration
+
+STEP_REPORT_OLD_S = 60.0  # a running job's step report older than this is said to be old
 
 
 def _iso(stamp: float | None) -> str | None:
@@ -37,6 +43,18 @@ def _supervisor_word(run: Run) -> str:
     return "gone" if RunState(run.state) not in TERMINAL_STATES else "exited"
 
 
+def _reported_progress(run: Run, attempt: Attempt, watched: bool) -> dict[str, Any]:
+    """What the attempt's job last reported. Its supervisor records the job's progress file every few
+    seconds and once more at the attempt's end (adding ``last_active_time``); a job that went on with
+    no supervisor (killed, or stopped unwatched) has written on since, so its own file is read then,
+    and the newer report of the two wins."""
+    recorded = attempt.progress or {}
+    if watched or "last_active_time" in recorded:
+        return recorded
+    written = progress.read(progress_file(run.run_dir, attempt.n))
+    return written if written.get("step_time", 0) > recorded.get("step_time", 0) else recorded
+
+
 def run_goodput(registry: Registry, run: Run) -> Goodput:
     """What the run's failures cost, from its attempts and the checkpoints its supervisor recorded."""
     return goodput.of_run(run, registry.events(run.id, kinds=("checkpoint",)), now=time.time())
@@ -45,6 +63,8 @@ def run_goodput(registry: Registry, run: Run) -> Goodput:
 def run_json(run: Run, registry: Registry | None = None) -> dict[str, Any]:
     state = RunState(run.state)
     extra = {"goodput": run_goodput(registry, run).to_dict()} if registry is not None else {}
+    supervisor = _supervisor_word(run)
+    reported = {a.n: _reported_progress(run, a, supervisor == "alive") for a in run.attempts}
     return {
         "id": run.id,
         "name": run.name,
@@ -54,9 +74,10 @@ def run_json(run: Run, registry: Registry | None = None) -> dict[str, Any]:
         "log_path": run.log_path,
         "host": run.host,
         "reason": run.reason,
-        "supervisor": _supervisor_word(run),
+        "supervisor": supervisor,
         "containment": run.containment,
         "checkpoint_dir": run.options.get("checkpoint_dir"),
+        "checkpoint_interval": _checkpoint_interval(run, reported),
         "attempts": [
             {
                 "n": a.n,
@@ -67,8 +88,9 @@ def run_json(run: Run, registry: Registry | None = None) -> dict[str, Any]:
                 "cause": a.cause,
                 "confidence": a.confidence,
                 "resumed_from": a.resumed_from,
-                "resumed_step": (a.progress or {}).get("resumed_step"),
-                "step": (a.progress or {}).get("step"),
+                "resumed_step": reported[a.n].get("resumed_step"),
+                "step": reported[a.n].get("step"),
+                "step_time": _iso(reported[a.n].get("step_time")),
                 "skipped_checkpoints": a.skipped or [],
                 "diagnosis": a.diagnosis,
                 "log_path": a.log_path or run.log_path,
@@ -77,6 +99,18 @@ def run_json(run: Run, registry: Registry | None = None) -> dict[str, Any]:
         ],
         **extra,
     }
+
+
+def _checkpoint_interval(run: Run, reported: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The period the newest attempt's Checkpointer saves at, where it said (every="auto" chooses it
+    and says why), and what a death then costs on average: half of it."""
+    for attempt in reversed(run.attempts):
+        seconds = reported[attempt.n].get("checkpoint_interval_s")
+        if seconds is not None:
+            return {"seconds": seconds, "why": reported[attempt.n].get("checkpoint_interval_why"),
+                    "why_zh": reported[attempt.n].get("checkpoint_interval_why_zh"),
+                    "expected_loss_per_death_s": seconds / 2}  # fmt: skip
+    return None
 
 
 def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -136,8 +170,9 @@ def status(ref: str, as_json: bool) -> int:
         click.echo(say("  the supervisor is gone; the job may still be running unwatched (trainguard adopt)",
                        "  监督进程已不在；作业可能仍在无人监督地运行（trainguard adopt）"))  # fmt: skip
     if info["containment"] and info["containment"].startswith("partial") and info["state"] != "succeeded":
-        click.echo(say(f"  containment is partial: {info['containment']}; what the job double-forks may outlive it",
-                       f"  进程隔离不完整：{info['containment']}；作业脱离会话的子进程可能残留"))  # fmt: skip
+        why = info["containment"].removeprefix("partial").strip(" ()") or "no cgroup"
+        click.echo(say(f"  containment is partial ({why}): what the job double-forks may outlive it",
+                       f"  进程隔离不完整（{why}）：作业脱离会话的子进程可能残留"))  # fmt: skip
     for a in info["attempts"]:
         if a["exit_code"] is not None:
             end = say(f"exit {a['exit_code']}", f"退出码 {a['exit_code']}")
@@ -151,10 +186,28 @@ def status(ref: str, as_json: bool) -> int:
             at = f" (step {a['resumed_step']})" if a["resumed_step"] is not None else ""
             resumed = say(f", resumed from {a['resumed_from']}{at}", f"，从 {a['resumed_from']}{at} 恢复")
         step = say(f", step {a['step']}", f"，第 {a['step']} 步") if a["step"] is not None else ""
+        if step and a["ended_at"] is None:
+            step += _report_age(a["step_time"])
         click.echo(say(f"  attempt {a['n']}: ", f"  第 {a['n']} 次：")
                    + f"{a['started_at']} → {a['ended_at'] or '…'}  {end}{cause}{resumed}{step}")  # fmt: skip
+    if interval := info["checkpoint_interval"]:
+        every, loss = format_duration(interval["seconds"]), format_duration(interval["expected_loss_per_death_s"])
+        why_en, why_zh = interval["why"] or "", interval["why_zh"] or interval["why"] or ""
+        click.echo(say(f"  checkpoints: every {every}; a death costs {loss} of training on average ({why_en})",
+                       f"  检查点：每 {every} 一次；每次终止平均损失 {loss} 的训练（{why_zh}）"))  # fmt: skip
     _print_goodput(run_goodput(registry, run_record))
     return 1 if info["state"] == "failed" else 0
+
+
+def _report_age(stamp: str | None) -> str:
+    """How long ago a running job reported its step, where that is long enough to matter: a job that
+    has not moved, or a report nobody has read since."""
+    if stamp is None:
+        return ""
+    age = time.time() - datetime.fromisoformat(stamp).timestamp()
+    if age < STEP_REPORT_OLD_S:
+        return ""
+    return say(f" (reported {format_duration(age)} ago)", f"（{format_duration(age)}前报告）")
 
 
 def _print_goodput(result: Goodput) -> None:
@@ -188,12 +241,25 @@ def report(ref: str, output: str | None) -> int:
     page = render(record, registry.samples(record.id), registry.events(record.id),
                   lang=choose_language(None, os.environ), now=time.time(), extra_checkpoints=in_folder)  # fmt: skip
     target = Path(output) if output else Path(record.run_dir) / "report.html"
+    _write_page(target, page)
+    click.echo(str(target))
+    return 0
+
+
+def _write_page(target: Path, page: str) -> None:
+    """Replace the file at ``target`` whole (renamed into place: a reader never sees half a page).
+    Only a file is replaced: renaming over a device (`-o /dev/null`), a FIFO or a symbolic link would
+    put the page where the machine's device, or the file the link names, was."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.lstat(target).st_mode):
+            raise UsageError(f"{target} is not a regular file (a device, a FIFO, a folder or a link): give a file",
+                             f"{target} 不是普通文件（设备、FIFO、文件夹或链接）：请给出文件路径")  # fmt: skip
+    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        tmp = target.with_name(f".{target.name}.tmp")
         with open_private(tmp) as out:
             out.write(page)
         os.replace(tmp, target)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         raise UsageError(f"cannot write {target}: {exc.strerror}", f"无法写入 {target}：{exc.strerror}") from exc
-    click.echo(str(target))
-    return 0

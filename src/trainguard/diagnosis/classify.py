@@ -81,10 +81,11 @@ def _effective_weights(observations: Sequence[Observation]) -> list[tuple[Observ
 
 
 def _witness(obs: Observation) -> str:
-    """Which independent witness an observation is. Every line that says only "a process got
-    SIGKILL" (the shell's `Killed`, exit status 137, a launcher's exitcode -9) reports one event whose
-    sender they cannot know: together they are one witness, however many of them print it."""
-    return "sigkill" if obs.sigkill else obs.rule
+    """Which independent witness an observation is. Lines that only report one event (the shell's
+    `Killed`, exit status 137 and a launcher's exitcode -9 all say "a process got SIGKILL";
+    `Segmentation fault` and exit status 139 "it got SIGSEGV") are one witness together, however many
+    of them print it."""
+    return f"event:{obs.witness}" if obs.witness else obs.rule
 
 
 def _combine(weights: Sequence[float]) -> float:

@@ -28,6 +28,7 @@ class Observation:
     note: Text | None = None  # what the line means, when the line alone does not say (Xid codes)
     order: tuple[int, int] = (0, 0)  # (file index, line): earlier is closer to the root cause
     sigkill: bool = False  # says that a process died of SIGKILL (whoever sent it)
+    witness: str | None = None  # the event it reports with other rules (signatures.Signature.witness)
     rank: int | None = None  # the rank of a job of several that printed it, where known
 
 
@@ -106,6 +107,7 @@ def observations_from_exit(status: ExitStatus | None, rules: Sequence[ExitRule])
                     note=Text(status.describe(), status.describe_zh()),
                     order=(1 << 30, 0),
                     sigkill=rule.sigkill,
+                    witness=rule.witness,
                 )
             )
     return found
@@ -158,6 +160,7 @@ def observations_from_log(
                     note=note,
                     order=(file_index, match.line),
                     sigkill=signature.sigkill,
+                    witness=signature.witness,
                 )
             )
     return found

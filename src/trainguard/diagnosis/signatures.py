@@ -47,6 +47,9 @@ class Signature:
     # heavy theirs ("unhandled system error" is its own question, whatever "NCCL error" says).
     narrows: tuple[str, ...] = ()
     sigkill: bool = False  # the line says a process was SIGKILLed: the OOM killer, or someone else
+    # The one event that this row and others only report ("sigkill", "sigsegv"): however many of
+    # them print it, together they are one witness.
+    witness: str | None = None
     regex: re.Pattern[bytes] = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
 
 
@@ -59,6 +62,7 @@ class ExitRule:
     signal: str | None = None
     code: int | None = None
     sigkill: bool = False
+    witness: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ def parse_table(raw: dict) -> SignatureTable:
                 window=int(row.get("window", 0)),
                 narrows=tuple(row.get("narrows", ())),
                 sigkill=bool(row.get("sigkill", False)),
+                witness=_witness(row),
                 regex=regex,
             )
         )
@@ -185,9 +190,16 @@ def parse_table(raw: dict) -> SignatureTable:
                 signal=row.get("signal"),
                 code=row.get("code"),
                 sigkill=bool(row.get("sigkill", False)),
+                witness=_witness(row),
             )
         )
     return SignatureTable(tuple(signatures), tuple(exit_rules), _parse_silent_end(raw.get("silent_end")))
+
+
+def _witness(row: dict) -> str | None:
+    """The event a row reports with others: its own ``witness``, or "sigkill" for a row that says a
+    process was SIGKILLed (every such line reports one event whose sender it cannot know)."""
+    return row.get("witness") or ("sigkill" if row.get("sigkill") else None)
 
 
 def _parse_silent_end(row: dict | None) -> SilentEnd | None:

@@ -10,7 +10,9 @@ On a stop signal the callback makes the Trainer save a ``checkpoint-N`` at the e
 step (``control.should_save``) and stop (``control.should_training_stop``); the process then exits
 with status 0 at the end of ``train()`` (``exit_after_save=False`` returns instead, with
 ``callback.stopped`` set), and trainguard restarts it as ``preempted``. The global step is reported
-to the supervisor, and an uncaught exception reaches the error file.
+to the supervisor, and an uncaught exception reaches the error file. A save request of the supervisor
+(``TRAINGUARD_SAVE_REQUEST_FILE``, see ``trainguard.checkpoint.saverequest``) makes the Trainer save at
+the end of the current step and train on (or stop, when the request says so), every rank together.
 
 ``resume_from_checkpoint=True`` would let transformers take the highest ``checkpoint-N`` even when a
 kill cut it short; ``resume_from_checkpoint()`` gives the one trainguard chose
@@ -27,9 +29,10 @@ from transformers import TrainerCallback
 
 from trainguard import progress
 from trainguard.checkpoint import layouts
+from trainguard.checkpoint.saverequest import SaveRequests
 from trainguard.checkpoint.stopsignal import STOP_SIGNALS, StopSignal
 from trainguard.errorfile import install_excepthook
-from trainguard.integrations._ranks import max_across_ranks
+from trainguard.integrations._ranks import agreed_asks
 from trainguard.integrations.loop import resume_path
 
 __all__ = ["TrainguardCallback", "resume_from_checkpoint"]
@@ -48,6 +51,7 @@ class TrainguardCallback(TrainerCallback):
     def __init__(self, *, exit_after_save: bool = True, signals: Iterable[int] = STOP_SIGNALS) -> None:
         self.exit_after_save = exit_after_save
         self._signal = StopSignal(signals, install=False)
+        self._requests = SaveRequests()
         self.stop_signal: int | None = None
         self.stopped = False  # a stop signal made the Trainer save and stop
         self.resumed_step: int | None = None
@@ -65,13 +69,16 @@ class TrainguardCallback(TrainerCallback):
         progress.report_step(state.global_step)
         if self.stopped:
             return
-        signum = max_across_ranks(self._signal.received or 0)
+        signum, asked = agreed_asks(self._signal, self._requests)
+        if signum or asked:
+            self._requests.taken()  # answered once on_save says the checkpoint is written
+            control.should_save = True
         if signum:
             self.stop_signal, self.stopped = signum, True
-            control.should_save = True
             control.should_training_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._requests.saved(state.global_step)
         if self.stopped and not self._reported:
             self._reported = True
             progress.report_stop(self.stop_signal or 0, state.global_step)

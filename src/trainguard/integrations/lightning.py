@@ -14,8 +14,11 @@ rank at the same step, and stops the Trainer; the process then exits with status
 (``exit_after_save=False``: ``fit`` returns, with ``callback.stopped`` set) and trainguard restarts it
 as ``preempted``. Without it, Lightning saves on SIGUSR1 only in its Slurm mode and on SIGTERM only
 stops at the end of the epoch. The global step is reported to the supervisor, and an exception
-reaches the error file. A mid-epoch resume is exact only with a dataloader that has
-``state_dict``/``load_state_dict`` (Lightning restores it); otherwise the epoch's data restarts.
+reaches the error file. A save request of the supervisor (``TRAINGUARD_SAVE_REQUEST_FILE``, see
+``trainguard.checkpoint.saverequest``) saves the same ``.ckpt`` at the end of the current batch, every
+rank together, and training goes on (or stops, when the request says so). A mid-epoch resume is
+exact only with a dataloader that has ``state_dict``/``load_state_dict`` (Lightning restores it);
+otherwise the epoch's data restarts.
 
 Works with ``lightning`` and with ``pytorch_lightning`` (the one already imported wins).
 """
@@ -37,8 +40,10 @@ else:
 
 from trainguard import progress
 from trainguard.checkpoint import layouts
+from trainguard.checkpoint.saverequest import SaveRequests
 from trainguard.checkpoint.stopsignal import STOP_SIGNALS, StopSignal
 from trainguard.errorfile import install_excepthook, write_error_file
+from trainguard.integrations._ranks import own_asks
 from trainguard.integrations.loop import resume_path
 
 __all__ = ["TrainguardCallback", "ckpt_path"]
@@ -57,6 +62,7 @@ class TrainguardCallback(Callback):
     def __init__(self, *, exit_after_save: bool = True, signals: Iterable[int] = STOP_SIGNALS) -> None:
         self.exit_after_save = exit_after_save
         self._signal = StopSignal(signals, install=False)
+        self._requests = SaveRequests()
         self.stop_signal: int | None = None
         self.stopped = False  # a stop signal made it save and stop the Trainer
         self.saved_path: str | None = None
@@ -78,16 +84,28 @@ class TrainguardCallback(Callback):
         progress.report_step(trainer.global_step)
         if self.stopped:
             return
-        asked = self._signal.received is not None
-        if trainer.strategy.reduce_boolean_decision(asked, all=False):  # any rank: all save at this step
-            self._save_and_stop(trainer)
+        signum, save = own_asks(self._signal, self._requests)
+        decide = trainer.strategy.reduce_boolean_decision  # any rank: all save at this step
+        if not decide(bool(signum) or save, all=False):  # the one collective of an ordinary batch
+            return
+        if decide(bool(signum), all=False):
+            self._save_and_stop(trainer, signum)
+        else:
+            self._save(trainer)
+            print(f"trainguard: a save request: saved {self.saved_path}, going on", file=sys.stderr, flush=True)
 
-    def _save_and_stop(self, trainer: Any) -> None:
-        self.stopped = True
-        self.stop_signal = self._signal.received or 15
+    def _save(self, trainer: Any) -> None:
+        self._requests.taken()
         path = os.path.join(self._folder(trainer), f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
         trainer.save_checkpoint(path)
         self.saved_path = path
+        self._requests.saved(trainer.global_step)
+
+    def _save_and_stop(self, trainer: Any, signum: int) -> None:
+        self.stopped = True
+        self.stop_signal = signum or 15  # another rank's signal
+        self._save(trainer)
+        path = self.saved_path
         progress.report_stop(self.stop_signal, trainer.global_step)
         trainer.should_stop = True
         print(f"trainguard: signal {self.stop_signal}: saved {path}, stopping", file=sys.stderr, flush=True)
@@ -105,7 +123,7 @@ class TrainguardCallback(Callback):
         if type(exception).__name__ == "SIGTERMException" and not self.stopped:
             # Lightning's own SIGTERM check (every batch when distributed) got there first: the
             # batch is finished and every rank is here, so the state can still be saved.
-            self._save_and_stop(trainer)
+            self._save_and_stop(trainer, 15)
         elif not isinstance(exception, (SystemExit, KeyboardInterrupt)):
             write_error_file(exception)
 

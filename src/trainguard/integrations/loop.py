@@ -10,8 +10,11 @@ DeepSpeed, plain PyTorch), in three lines::
 ``step_end`` reports the step to the supervisor (``trainguard.progress``); once a stop signal has
 arrived (on any rank: the ranks agree, so all save at the same step) it calls ``save``, tells the
 supervisor that the job stopped on a signal (an exit 0 after this is ``preempted``, and restarted),
-and returns True. The signal machinery is ``Checkpointer``'s (``StopSignal``); an uncaught exception
-is written to the error file (``TRAINGUARD_ERROR_FILE``).
+and returns True. A save request of the supervisor (``TRAINGUARD_SAVE_REQUEST_FILE``, see
+``trainguard.checkpoint.saverequest``) calls ``save`` at the next step end too, and training goes on
+(returns False), or stops as on SIGUSR1 when the request says so. The signal machinery is
+``Checkpointer``'s (``StopSignal``); an uncaught exception is written to the error file
+(``TRAINGUARD_ERROR_FILE``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainguard import progress
+from trainguard.checkpoint.saverequest import SaveRequests
 from trainguard.checkpoint.stopsignal import STOP_SIGNALS, StopSignal
 from trainguard.errorfile import install_excepthook
-from trainguard.integrations._ranks import max_across_ranks
+from trainguard.integrations._ranks import agreed_asks
 
 RESUME_ENV = "TRAINGUARD_RESUME_FROM"
 
@@ -37,6 +41,7 @@ def resume_path() -> str | None:
 class PreemptionGuard:
     def __init__(self, signals: Iterable[int] = STOP_SIGNALS) -> None:
         self._signal = StopSignal(signals)
+        self._requests = SaveRequests()
         self.stop_signal: int | None = None  # the signal the ranks agreed to stop on
         self.stopped = False  # saved and stopping
         self.resumed_step: int | None = None
@@ -54,14 +59,20 @@ class PreemptionGuard:
         print(f"trainguard: resumed at step {step}", file=sys.stderr, flush=True)
 
     def step_end(self, step: int, save: Callable[[], Any]) -> bool:
-        """Call after each step: True when a stop signal arrived and ``save()`` has run: leave the loop."""
+        """Call after each step: True when a stop signal arrived and ``save()`` has run: leave the loop.
+        A save request calls ``save()`` too, and returns False unless it asked to stop."""
         progress.report_step(step)
         if self.stopped:
             return True
-        signum = max_across_ranks(self._signal.received or 0)
-        if not signum:
+        signum, asked = agreed_asks(self._signal, self._requests)
+        if not (signum or asked):
             return False
+        self._requests.taken()
         save()
+        self._requests.saved(step)
+        if not signum:
+            print(f"trainguard: a save request: saved at step {step}, going on", file=sys.stderr, flush=True)
+            return False
         self.stop_signal, self.stopped = signum, True
         progress.report_stop(signum, step)
         print(f"trainguard: signal {signum}: saved at step {step}, stopping", file=sys.stderr, flush=True)

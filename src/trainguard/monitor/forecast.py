@@ -255,3 +255,36 @@ def judge_leak(projection: Projection | None, save_seconds: float, margin_s: flo
                 f"{format_duration(projection.seconds_to_exhaustion)} from the limit")  # fmt: skip
     return Leak(projection.resource, projection.rate_bytes_per_s, projection.seconds_to_exhaustion,
                 projection.used, projection.limit, evidence)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """What to ask of the job now: save and go on (a resource runs out soon, and a checkpoint taken
+    now is what the death would otherwise cost), or, for a leak, save and stop so that it starts
+    fresh from that checkpoint."""
+
+    projection: Projection  # the resource that runs out soonest
+    leak: Leak | None
+
+    @property
+    def then(self) -> str:
+        return "stop" if self.leak else "continue"
+
+
+def look_ahead(series: Mapping[str, Sequence[Reading]], save_seconds: float, margin_s: float, *,
+               last_request_time: float | None, now: float, reserve_bytes: Mapping[str, float] | None = None,
+               rules: TrendRules = DEFAULT_RULES, measured_at: str = "the job's memory") -> Ahead | None:  # fmt: skip
+    """The request to make now, from each resource's recent readings (oldest first), or None: no
+    resource runs out sooner than a save takes plus ``margin_s``, or the last request is too recent
+    for its save to have finished. A leak of the job's own memory is met by a stop, however soon
+    another resource runs out: saving and going on would meet the same limit again."""
+    reserve = reserve_bytes or {}
+    projections = [p for resource, readings in series.items()
+                   if (p := project(resource, readings, rules, reserve_bytes=reserve.get(resource, 0.0)))]  # fmt: skip
+    if not projections:
+        return None
+    soonest = min(projections, key=lambda p: p.seconds_to_exhaustion)
+    if not should_request_save(soonest, save_seconds, margin_s, last_request_time, now):
+        return None
+    job = next((p for p in projections if p.resource == JOB_MEMORY), None)
+    return Ahead(soonest, judge_leak(job, save_seconds, margin_s, measured_at=measured_at))

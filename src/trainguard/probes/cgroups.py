@@ -13,12 +13,15 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.errors import UsageError
 
 KILL_TIMEOUT_S = 10.0
+PAUSE_TIMEOUT_S = 0.2  # a job that does not freeze in this long runs on
+THAW_TIMEOUT_S = 2.0
 
 
 def _mounts() -> list[tuple[str, str, str]]:
@@ -140,6 +143,19 @@ class JobCgroups:
                         return int(value)
         return 0
 
+    def memory_held(self) -> int | None:
+        """Bytes the job's memory group holds that reclaim cannot give back (anonymous memory and
+        shared memory: what the OOM killer counts, not the page cache), or None without a memory
+        group. One small file read: cheap enough to do several times a second."""
+        for group in self.groups:
+            if group.version == 1 and group.controller != "memory":
+                continue
+            keys = ("anon", "shmem") if group.version == 2 else ("total_rss", "total_shmem")
+            with contextlib.suppress(OSError, ValueError):
+                stat = dict(line.split(" ", 1) for line in (group.path / "memory.stat").read_text().splitlines())
+                return sum(int(stat.get(key, 0)) for key in keys)
+        return None
+
     def kill_all(self, timeout_s: float = KILL_TIMEOUT_S) -> int:
         """SIGKILL every process in the groups and wait until they are empty; how many were killed."""
         victims = self.pids()
@@ -164,6 +180,26 @@ class JobCgroups:
             time.sleep(0.02)
         return len(victims)
 
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = PAUSE_TIMEOUT_S) -> Iterator[bool]:
+        """The job frozen for the moment of the ``with`` (a v1 freezer or v2 ``cgroup.freeze``),
+        thawed after it whatever happens; yields whether it froze within ``timeout_s`` (a process
+        stuck in the kernel, on NFS say, may keep it from freezing: then it runs on)."""
+        group = next((g for g in self.groups if g.version == 2 or g.controller == "freezer"), None)
+        if group is None:
+            yield False
+            return
+        try:
+            yield _freeze(group, True, time.monotonic() + timeout_s)
+        finally:
+            _freeze(group, False, time.monotonic() + THAW_TIMEOUT_S)
+
+    def thaw(self) -> None:
+        """Thawed, should a supervisor have died while its job was paused."""
+        for group in self.groups:
+            if group.version == 2 or group.controller == "freezer":
+                _freeze(group, False, time.monotonic() + THAW_TIMEOUT_S)
+
     def remove(self) -> None:
         for group in self.groups:
             group.remove()
@@ -176,16 +212,25 @@ class JobCgroups:
         return cls(tuple(Cgroup.from_record(r) for r in records))
 
 
-def _freeze(group: Cgroup, frozen: bool, deadline: float) -> None:
-    """Freeze (or thaw) a v1 freezer group and wait until the kernel says it is done: a frozen group
-    cannot fork, so one pass of SIGKILL reaches every process."""
-    want = "FROZEN" if frozen else "THAWED"
+def _freeze(group: Cgroup, frozen: bool, deadline: float) -> bool:
+    """Freeze (or thaw) the group and wait until the kernel says it is done: a frozen group cannot
+    fork, so one pass of SIGKILL reaches every process. Whether it was done by ``deadline``."""
     with contextlib.suppress(OSError):
+        if group.version == 2:
+            (group.path / "cgroup.freeze").write_text("1" if frozen else "0")
+            want = f"frozen {int(frozen)}"
+            while time.monotonic() < deadline:
+                if want in (group.path / "cgroup.events").read_text().splitlines():
+                    return True
+                time.sleep(0.001)
+            return False
+        want = "FROZEN" if frozen else "THAWED"
         (group.path / "freezer.state").write_text(want)
         while time.monotonic() < deadline:
             if (group.path / "freezer.state").read_text().strip() == want:
-                return
-            time.sleep(0.005)
+                return True
+            time.sleep(0.001)
+    return False
 
 
 def _make(root: Path, name: str) -> Path:

@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Iterable
@@ -200,7 +201,27 @@ def read_live(*, now: float | None = None) -> tuple[list[KernelLine], str]:
     )
 
 
+_KERNEL_SHAPES = (_KMSG, _DMESG_RAW, _DMESG_CTIME, _ISO, _SYSLOG)
+
+
 def read_saved(path: str, *, now: float | None = None) -> list[KernelLine]:
+    """A kernel log saved to a file (dmesg, dmesg -T, journalctl -k, kern.log). A file in which no
+    line has a kernel log's shape is not one: as a user without root `dmesg > FILE` writes nothing,
+    and an empty kernel log read as "no OOM kill" would turn every SIGKILL into someone's kill -9.
+    Only a regular file is opened, never waiting (a FIFO without a writer, a device). Raises
+    KernelLogUnavailable or OSError."""
     now = time.time() if now is None else now
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return parse_kernel_log(handle, now=now)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with open(fd, encoding="utf-8", errors="replace") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise KernelLogUnavailable(f"{path} is not a regular file (a FIFO or a device): save the kernel log",
+                                       f"{path} 不是普通文件（FIFO 或设备）：请把内核日志保存到文件")  # fmt: skip
+        raw = handle.read().splitlines()
+    if not any(any(shape.match(line) for shape in _KERNEL_SHAPES) for line in raw):
+        raise KernelLogUnavailable(
+            f"{path} holds no kernel log line (empty, or not the output of dmesg or journalctl -k): as a user "
+            "without root `dmesg` prints nothing; save it with `sudo dmesg -T > FILE`, or use --kernel-log auto",
+            f"{path} 中没有内核日志行（为空，或不是 dmesg / journalctl -k 的输出）：非 root 用户运行 `dmesg` 没有输出；"
+            "请用 `sudo dmesg -T > FILE` 保存，或使用 --kernel-log auto",
+        )
+    return parse_kernel_log(raw, now=now)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
+from collections.abc import Iterator
 from typing import BinaryIO
 
+from trainguard.diagnosis.reader import read_blocks
 from trainguard.errors import InputError
 
 _SAMPLE = 64 * 1024
@@ -32,6 +35,11 @@ def open_log(path: str) -> BinaryIO:
         raise InputError(f"cannot read {path}: {exc.strerror}", f"无法读取 {path}：{exc.strerror}") from exc
     if stat.S_ISDIR(info.st_mode):
         raise InputError(f"{path} is a directory, not a log file", f"{path} 是目录，不是日志文件")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO's open waits for a writer for good, /dev/zero never ends
+        raise InputError(f"{path} is not a regular file (a FIFO or a device): save the log to a file, or pipe it to "
+                         "`trainguard diagnose -`",
+                         f"{path} 不是普通文件（FIFO 或设备）：请把日志保存到文件，"
+                         "或通过管道传给 `trainguard diagnose -`")  # fmt: skip
     try:
         handle = open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
@@ -48,3 +56,17 @@ def open_log(path: str) -> BinaryIO:
         handle.close()
         raise
     return handle
+
+
+def open_stdin_log(stream: BinaryIO) -> Iterator[bytes]:
+    """The blocks of a log piped to standard input, after the checks a file gets: a device there
+    (`< /dev/zero`) never ends, and a stream that opens with binary bytes or nothing but NULs is not
+    a log (`diagnose` would read it for ever)."""
+    mode = os.fstat(stream.fileno()).st_mode
+    if (stat.S_ISCHR(mode) and not os.isatty(stream.fileno())) or stat.S_ISBLK(mode):
+        raise InputError("standard input is a device, not a log: pipe the job's log, or give its file",
+                         "标准输入是设备，不是日志：请通过管道传入作业日志，或给出日志文件")  # fmt: skip
+    first = stream.read(_SAMPLE)
+    if first and (looks_binary(first) or not first.strip(b"\x00")):
+        raise InputError("standard input looks like binary data, not a log", "标准输入看起来是二进制数据，不是日志")
+    return itertools.chain([first] if first else [], read_blocks(stream))

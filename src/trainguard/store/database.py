@@ -10,6 +10,7 @@ existing folder or database is tightened when it is opened. Every SQLite or OS e
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import sqlite3
@@ -22,12 +23,23 @@ from typing import Any, TypeVar
 from trainguard.errors import UsageError
 from trainguard.paths import check_trusted
 from trainguard.store.schema import apply_schema, schema_is_current
+from trainguard.store.space_reserve import SpaceReserve
 
 T = TypeVar("T")
 
 
 class RegistryError(UsageError):
-    """The registry cannot be read or written (disk full, read-only, permissions, corrupt)."""
+    """The registry cannot be read or written (disk full, read-only, permissions, corrupt).
+    ``disk_full``: for want of room on the state disk."""
+
+    disk_full = False
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """SQLite's "database or disk is full" (SQLITE_FULL), or ENOSPC / EDQUOT from the OS."""
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def registry_errors(method: Callable[..., T]) -> Callable[..., T]:
@@ -38,10 +50,12 @@ def registry_errors(method: Callable[..., T]) -> Callable[..., T]:
         try:
             return method(self, *args, **kwargs)
         except (sqlite3.Error, OSError) as exc:
-            raise RegistryError(
+            error = RegistryError(
                 f"the run registry {self.db_path} cannot be used: {_describe(exc)}",
                 f"无法使用运行记录库 {self.db_path}：{_describe(exc)}",
-            ) from exc
+            )
+            error.disk_full = is_disk_full(exc)
+            raise error from exc
 
     return wrapper
 
@@ -167,6 +181,16 @@ class Database:
             return self._db_inode is not None and self.db_path.stat().st_ino != self._db_inode
         except OSError:
             return True
+
+    def in_reserve(self, write: Callable[[], T]) -> T:
+        """``write``, tried once more in the state disk's reserve when the disk is full: for the
+        records that say how a run ends (``space_reserve``)."""
+        try:
+            return write()
+        except RegistryError as exc:
+            if not exc.disk_full or not SpaceReserve(self.state_dir).spend():
+                raise
+        return write()
 
     @registry_errors
     def reopen(self) -> None:

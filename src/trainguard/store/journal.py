@@ -3,7 +3,11 @@
 Supervision must not depend on the state disk: when the registry cannot be written (the disk is
 full, the database read-only or removed) the supervisor goes on watching, restarting and stopping
 the job. Writes that fail wait in a queue and are retried on every tick, in order; the problem is
-reported once (syslog and the supervisor's own log) and once more when it is over. When the state
+reported once (syslog and the supervisor's own log) and once more when it is over. A write that
+fails for want of room first asks for room: the run's logs give back what they can spare
+(``room_makers``), and the records that say how a run goes on or ends (its state, its attempts)
+may use the state disk's reserve (``space_reserve``), so a full disk never leaves a run's end unwritten
+while the supervisor could make room for it. When the state
 folder was removed under the run, the registry is recreated and the whole run written back, so
 `trainguard ps` sees it again.
 """
@@ -21,6 +25,7 @@ from typing import Any
 
 from trainguard._i18n import Text
 from trainguard.store.registry import Attempt, Registry, RegistryError, Run
+from trainguard.store.space_reserve import SpaceReserve
 
 log = logging.getLogger("trainguard.supervisor")
 
@@ -46,26 +51,48 @@ class Journal:
         self.registry = registry
         self.run = run
         self.clock = clock
-        self._queue: deque[Callable[[], None]] = deque()
+        self._queue: deque[tuple[Callable[[], None], bool]] = deque()  # (write, whether it is vital)
         self._failing_since: float | None = None
         self._next_retry = 0.0
+        # Called when the state disk is full, before the reserve: each frees what it can, in bytes.
+        self.room_makers: list[Callable[[], int]] = []
+        self.reserve = SpaceReserve(registry.state_dir, clock=clock)
+        self.reserve.keep()
 
     # ------------------------------------------------------------------ writing
-    def _write(self, op: Callable[[], None]) -> None:
+    def _write(self, op: Callable[[], None], *, vital: bool = False) -> None:
+        """``vital``: a record of how the run goes on or ends (its state, an attempt), which may use
+        the state disk's reserve; an event may not."""
         if self._queue:  # keep the order: nothing jumps ahead of what is already waiting
-            self._enqueue(op)
-            self.flush()
+            self._enqueue(op, vital)
+            self.flush(force=vital)
             return
         try:
             op()
         except RegistryError as exc:
-            self._enqueue(op)
-            self._failed(exc)
+            self._enqueue(op, vital)
+            if not (exc.disk_full and self._make_room() and self.flush(force=True)):
+                self._failed(exc)
 
-    def _enqueue(self, op: Callable[[], None]) -> None:
-        self._queue.append(op)
+    def _enqueue(self, op: Callable[[], None], vital: bool) -> None:
+        self._queue.append((op, vital))
         while len(self._queue) > MAX_QUEUED:
-            self._queue.popleft()
+            oldest = next((i for i, (_, is_vital) in enumerate(self._queue) if not is_vital), 0)
+            del self._queue[oldest]  # an event goes before a state or an attempt does
+
+    def _make_room(self) -> bool:
+        """Room on a full state disk for what waits: what the run's logs can spare, else (for a
+        vital record only) the reserve. Whether any was made."""
+        freed = 0
+        for make_room in self.room_makers:
+            with contextlib.suppress(Exception):  # making room is a help, never a new way to fail
+                freed += make_room()
+        if freed == 0 and any(vital for _, vital in self._queue):
+            freed = self.reserve.spend()
+            if freed:
+                _report(f"run {self.run.id}: the state disk is full; its reserve ({freed >> 10} KiB) is used for "
+                        "the run's records")  # fmt: skip
+        return freed > 0
 
     def _failed(self, exc: RegistryError) -> None:
         if self._failing_since is None:
@@ -82,16 +109,22 @@ class Journal:
             return False
         if self.registry.replaced():
             self._recreate()
+        room_asked = False
         while self._queue:
             try:
-                self._queue[0]()
+                self._queue[0][0]()
             except RegistryError as exc:
+                if exc.disk_full and not room_asked:
+                    room_asked = True
+                    if self._make_room():
+                        continue
                 self._failed(exc)
                 return False
             self._queue.popleft()
         if self._failing_since is not None:
             _report(f"run {self.run.id}: the run registry can be written again")
             self._failing_since = None
+        self.reserve.keep()
         return True
 
     def drain(self, give_up: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> bool:
@@ -132,7 +165,7 @@ class Journal:
         self.run.state = state
         if reason is not None:
             self.run.reason, self.run.reason_zh = reason
-        self._write(lambda: self.registry.set_state(self.run.id, state, reason=reason, data=data))
+        self._write(lambda: self.registry.set_state(self.run.id, state, reason=reason, data=data), vital=True)
 
     def update(self, **fields: Any) -> None:
         for key, value in fields.items():
@@ -146,10 +179,10 @@ class Journal:
     def start_attempt(self, attempt: Attempt) -> None:
         self.run.attempts.append(attempt)
         self.run.job_pid, self.run.job_start = attempt.pid, attempt.pid_start
-        self._write(lambda: self.registry.start_attempt(self.run.id, attempt))
+        self._write(lambda: self.registry.start_attempt(self.run.id, attempt), vital=True)
 
     def end_attempt(self, attempt: Attempt) -> None:
-        self._write(lambda: self.registry.end_attempt(self.run.id, attempt))
+        self._write(lambda: self.registry.end_attempt(self.run.id, attempt), vital=True)
 
     def save_progress(self, attempt: Attempt) -> None:
         progress = dict(attempt.progress or {})

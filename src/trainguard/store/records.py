@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,15 @@ class Run:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def ref(self) -> str:
+        """How a person types this run in a command it is told: its name where a shell and the
+        command line read it as it is (`--name "a b"` or `--name -x` would not be), else its id."""
+        name = self.name
+        if name and re.fullmatch(r"[A-Za-z0-9_.:@%+=,][A-Za-z0-9_.:@%+=,/-]*", name):
+            return name
+        return self.id
 
 
 def run_from_row(db: sqlite3.Connection, row: sqlite3.Row) -> Run:

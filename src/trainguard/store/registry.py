@@ -155,10 +155,14 @@ class Registry(Database):
         with self._connect() as db:
             db.execute(f"UPDATE runs SET {columns} WHERE id = ?", (*values, run_id))
 
-    @registry_errors
     def request_stop(self, run_id: str, grace_s: float, *, replace_stale: bool = False) -> bool:
-        """Record that `trainguard stop` asked this run to stop; False when another stop asked first
-        (``replace_stale``: the earlier request has nobody left to act on it)."""
+        """Record that `trainguard stop` asked this run to stop (in the state disk's reserve if it is
+        full); False when another stop asked first (``replace_stale``: the earlier request has nobody
+        left to act on it)."""
+        return self.in_reserve(lambda: self._request_stop(run_id, grace_s, replace_stale))
+
+    @registry_errors
+    def _request_stop(self, run_id: str, grace_s: float, replace_stale: bool) -> bool:
         request = json.dumps({"time": time.time(), "grace_s": grace_s})
         condition = "" if replace_stale else " AND stop_request IS NULL"
         with self._connect() as db:

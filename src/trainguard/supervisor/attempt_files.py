@@ -28,12 +28,23 @@ def launcher_error_file(run_dir: str | Path, n: int) -> str:
     return os.path.join(run_dir, f"attempt-{n}.launcher-error.json")
 
 
+def save_request_file(run_dir: str, n: int) -> str:
+    """Where the supervisor asks attempt ``n``'s job to save (``checkpoint.saverequest``)."""
+    return os.path.join(run_dir, f"save-request-{n}.json")
+
+
 def ranks_dir(run_dir: str, n: int) -> str:
     return os.path.join(run_dir, f"attempt-{n}.ranks")
 
 
 def hang_stacks_file(run_dir: str, n: int) -> Path:
     return Path(run_dir) / f"hang-attempt-{n}.txt"
+
+
+def stacks_dir(run_dir: str | Path, n: int) -> str:
+    """Where the job's Python processes write their stacks on trainguard's signal, one file each
+    (``PID.txt``): read into the hang stacks file when the attempt hangs."""
+    return os.path.join(run_dir, f"attempt-{n}.stacks")
 
 
 def rank_files_of(*paths: str) -> list[str]:

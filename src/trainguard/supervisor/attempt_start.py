@@ -18,7 +18,7 @@ from trainguard.checkpoint.resume import ResumeChoice, choose_resume
 from trainguard.probes import kernel_log
 from trainguard.store.journal import Journal
 from trainguard.store.registry import Attempt, Run
-from trainguard.supervisor import launchers
+from trainguard.supervisor import checkpoint_folders, launchers, run_environment
 from trainguard.supervisor.attempt_files import (
     attempt_log_name,
     error_file,
@@ -27,8 +27,11 @@ from trainguard.supervisor.attempt_files import (
     progress_file,
     rank_files_of,
     ranks_dir,
+    save_request_file,
+    stacks_dir,
 )
 from trainguard.supervisor.containment import Containment, contain
+from trainguard.supervisor.failure_history import machine_mtbf
 from trainguard.supervisor.job import GATE_OPEN, JobOptions, gated_argv, job_argv, job_environment
 
 
@@ -106,16 +109,18 @@ def prepare_attempt(
     run = journal.run
     run_dir = Path(run.run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    choice = choose_resume(options.checkpoint_dir, options.checkpoint_glob, options.checkpoint_layout)
+    choice = choose_resume(options.checkpoint_dir, options.checkpoint_glob, options.checkpoint_layout,
+                           other_runs=checkpoint_folders.other_runs(journal.registry, run))  # fmt: skip
+    Path(options.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     if choice.skipped:  # incomplete ones are reported, never chosen, never deleted
         journal.event("checkpoints_skipped", {"attempt": n, "skipped": list(choice.skipped)})
     errors, progress = error_file(run.run_dir, n), progress_file(run.run_dir, n)
-    launcher_errors = launcher_error_file(run_dir, n)
-    for stale in (errors, progress, launcher_errors, *rank_files_of(errors, progress)):
+    launcher_errors, requests = launcher_error_file(run_dir, n), save_request_file(run.run_dir, n)
+    for stale in (errors, progress, launcher_errors, requests, *rank_files_of(errors, progress)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
     env = job_environment(
-        os.environ,
+        run_environment.job_base(run.run_dir),
         run_id=run.id,
         attempt=n,
         restart_cause=restart_cause,
@@ -124,12 +129,17 @@ def prepare_attempt(
         batch_scale=batch_scale,
         error_file=errors,
         progress_file=progress,
+        stacks_dir=stacks_dir(run.run_dir, n),
+        save_request_file=requests,
+        mtbf_s=machine_mtbf(journal.registry, run.host, time.time()).seconds,
     )
     launch_record = _prepare_launcher(run, options, env, n, launcher_errors)
     log_file = str(run_dir / attempt_log_name(n))
     # A fresh file per attempt: appending to one that already holds data is measurably slower.
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
     read_fd = os.open(log_file, os.O_RDONLY | os.O_CLOEXEC)
+    if choice.folder_missing and n > 1:
+        checkpoint_folders.say_it_starts_fresh(journal, n, options.checkpoint_dir, log_file)
     point_output_log(run.log_path, attempt_log_name(n))
     containment = contain(f"trainguard-{run.id}-{n}", options.memory_limit, subreaper=subreaper)
     kernel_tail = kernel_log.KernelTail()  # opened before the job starts: none of its records are missed

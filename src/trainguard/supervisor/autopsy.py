@@ -20,6 +20,7 @@ from trainguard.diagnosis.scan import read_blocks
 from trainguard.diagnosis.signatures import Role
 from trainguard.postmortem import LogSource, Report, investigate
 from trainguard.probes import kernel_log, oom_counters
+from trainguard.store import runlogs
 from trainguard.supervisor import launchers
 
 KERNEL_SLACK_S = 5.0
@@ -42,6 +43,16 @@ def _log_region(path: str, start: int, end: int | None) -> Iterator[bytes]:
                 yield part
             if remaining is not None and remaining <= 0:
                 return
+
+
+def _attempt_log(path: str, start: int, end: int | None, bounded_log: str | None) -> Iterator[bytes]:
+    """The attempt's output as kept: the head and backups of a rotated log, then its live file; a
+    line break between pieces, so that no two lines of either side of a cut are read as one."""
+    earlier = runlogs.kept_files(bounded_log)[:-1] if bounded_log else []
+    for piece in earlier:
+        yield from _log_region(piece, 0, None)
+        yield b"\n"
+    yield from _log_region(path, start, end)
 
 
 def error_file_text(path: str) -> str | None:
@@ -70,9 +81,12 @@ def attempt_report(
     extra: list[Observation] | None = None,
     kernel_tail: kernel_log.KernelTail | None = None,
     oom_deltas: OomDeltas | None = None,
+    bounded_log: str | None = None,
 ) -> Report:
     """``oom_deltas``: the OOM kills counted during the attempt (``count_oom_kills`` at its death),
-    which say whether the OOM killer struck where the kernel log cannot be read."""
+    which say whether the OOM killer struck where the kernel log cannot be read. ``bounded_log``: the
+    attempt's log as recorded, whose rotated pieces (its head, its backups) are read before
+    ``log_path``, the live file."""
     extra = list(extra or [])
     if hang_timeout_s is not None:
         extra.append(
@@ -85,7 +99,7 @@ def attempt_report(
                 text=f"no new output and no new checkpoint for {hang_timeout_s:g} s",
             )
         )
-    sources = [LogSource(None, _log_region(log_path, log_start, log_end))] if log_path else []
+    sources = [LogSource(None, _attempt_log(log_path, log_start, log_end, bounded_log))] if log_path else []
     record = launchers.read_record(launch_record_path(error_file)) if error_file else None
     facts = None
     if record is not None and log_path:

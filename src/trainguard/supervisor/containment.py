@@ -36,11 +36,14 @@ def become_subreaper() -> bool:
 
 
 def _own_descendants(exclude: set[int]) -> list[ProcessRef]:
+    """The live descendants: psutil lists zombies too, and a zombie re-parented here is dead (killing
+    it again and again until a timeout held every stop and every death for 10 s)."""
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
-    return [ProcessRef(c.pid, start_time(c.pid)) for c in children if c.pid not in exclude]
+    refs = (ProcessRef(c.pid, start_time(c.pid)) for c in children if c.pid not in exclude)
+    return [ref for ref in refs if ref.alive()]
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Containment:
             killed = 0
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
+                self._reap_orphans()
                 members = self._fallback_members()
                 if not members:
                     break

@@ -41,11 +41,13 @@ def name_the_death(
     """The attempt's cause, confidence and diagnosis; none for a job that finished or was stopped
     on request."""
     attempt = watch.attempt
-    stopped_itself = _stopped_on_signal(attempt) if returncode == 0 and not stopped else None
-    if (returncode == 0 and stopped_itself is None) or stopped:
+    leak = _planned_leak_stop(watch) if not stopped else []
+    stopped_itself = _stopped_on_signal(attempt) if returncode == 0 and not stopped and not leak else None
+    if (returncode == 0 and stopped_itself is None and not leak) or stopped:
         attempt.cause = None
         return
     extra = [stopped_itself] if stopped_itself else []
+    extra += leak
     diagnosis = _diagnose(watch, status, oom_kills, extra, monitor=monitor, options=options, run_dir=run_dir)
     attempt.cause = diagnosis["cause"]
     attempt.confidence = diagnosis["confidence"]
@@ -83,6 +85,26 @@ def _stopped_on_signal(attempt: Attempt) -> Observation | None:
         f"the job received {name}, saved{at_step} and stopped by itself (exit 0): it was asked to stop from "
         "outside trainguard",
     )  # fmt: skip
+
+
+def _planned_leak_stop(watch: AttemptWatch) -> list[Observation]:
+    """What the look ahead saw of a leak: the job saved and stopped as it was asked (a planned
+    restart, ``memory_leak``), or it did not and met its limit (support for ``host_oom``)."""
+    foresight = watch.foresight
+    if foresight is None or foresight.planned_stop is None:
+        return []
+    report = watch.attempt.progress or {}
+    evidence = foresight.planned_stop.leak.evidence
+    if foresight.planned_stop_done(report) is None:
+        return [Observation(source="telemetry", cause="host_oom", weight=0.5, role=Role.SUPPORT,
+                            rule="supervisor:leak_seen", text=f"the job's memory was leaking: {evidence}")]  # fmt: skip
+    step = report.get("save_request_step")
+    at_step = f" at step {step}" if step is not None else ""
+    return [_seen_by_the_supervisor(
+        "memory_leak", 0.99, "supervisor:memory_leak",
+        f"{evidence}; asked to save and stop before its limit, the job saved{at_step} and stopped: restarted fresh "
+        "from that checkpoint",
+    )]  # fmt: skip
 
 
 def _diagnose(
@@ -123,6 +145,7 @@ def _diagnose(
         extra=extra,
         kernel_tail=watch.kernel,
         oom_deltas=oom_deltas,
+        bounded_log=attempt.log_path,
     )
     return diagnosis_dict(report.diagnosis, "en", report.first_failure)
 

@@ -1,12 +1,22 @@
 """What one attempt of a job is given: its options, its command line (behind the start gate) and its
-environment. Pure functions of data; which checkpoint it resumes from is
-``trainguard.checkpoint.resume``'s to say."""
+environment (with trainguard's start-up hook first on its PYTHONPATH). Pure functions of data; which
+checkpoint it resumes from is ``trainguard.checkpoint.resume``'s to say."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+# The folder of the job's start-up hook (_jobsite/sitecustomize.py): it arms faulthandler in every
+# Python process of the job on STACKS_SIGNAL, so a hang dump needs neither py-spy nor ptrace rights.
+JOB_SITE_DIR = str(Path(__file__).resolve().parent.parent / "_jobsite")
+# A real-time signal of trainguard's own: SIGUSR1 is the save request, SIGUSR2 is taken by some
+# frameworks, and glibc keeps the first real-time signals (SIGRTMIN is already past them).
+STACKS_SIGNAL = signal.SIGRTMIN + 5
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,15 @@ def job_environment(
     batch_scale: float,
     error_file: str,
     progress_file: str,
+    stacks_dir: str | None = None,
+    save_request_file: str | None = None,
+    mtbf_s: float | None = None,
 ) -> dict[str, str]:
+    """The job's environment: ``base`` with trainguard's variables. With ``stacks_dir`` (where the
+    job's Python processes write their stacks on STACKS_SIGNAL) the start-up hook's folder goes first
+    on PYTHONPATH, the user's own entries after it. ``save_request_file`` is where the supervisor
+    asks the job to save ahead of a death it sees coming; ``mtbf_s`` the mean time between failures
+    that ``every="auto"`` plans for (from the run's and the machine's history)."""
     env = dict(base)
     env.update(
         TRAINGUARD_RUN_ID=run_id,
@@ -48,7 +66,14 @@ def job_environment(
         TRAINGUARD_ERROR_FILE=error_file,
         TRAINGUARD_PROGRESS_FILE=progress_file,
     )
-    for name, value in (("TRAINGUARD_RESTART_CAUSE", restart_cause), ("TRAINGUARD_RESUME_FROM", resume_from)):
+    for name, value in (
+        ("TRAINGUARD_RESTART_CAUSE", restart_cause),
+        ("TRAINGUARD_RESUME_FROM", resume_from),
+        ("TRAINGUARD_STACKS_DIR", stacks_dir or None),
+        ("TRAINGUARD_STACKS_SIGNAL", str(STACKS_SIGNAL) if stacks_dir else None),
+        ("TRAINGUARD_SAVE_REQUEST_FILE", save_request_file),
+        ("TRAINGUARD_MTBF_S", f"{mtbf_s:.0f}" if mtbf_s is not None else None),
+    ):
         if value is None:
             env.pop(name, None)
         else:
@@ -56,7 +81,16 @@ def job_environment(
     # The last lines before a kill must reach the log, and a native crash must leave a Python stack.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")
+    if stacks_dir:
+        env["PYTHONPATH"] = _with_job_site(env.get("PYTHONPATH", ""))
     return env
+
+
+def _with_job_site(pythonpath: str) -> str:
+    """``pythonpath`` with the hook's folder first (once). No empty entry is added: Python reads one
+    as the working folder."""
+    entries = [entry for entry in pythonpath.split(os.pathsep) if entry != JOB_SITE_DIR] if pythonpath else []
+    return os.pathsep.join([JOB_SITE_DIR, *entries])
 
 
 def job_argv(command: tuple[str, ...], resume_arg: str | None, resume_from: str | None) -> list[str]:

@@ -1,6 +1,7 @@
-"""What is checked before a run exists: its command, its working folder, its checkpoint folder and
-its memory limit can be used, and its --retry overrides name real causes; a run that would fail at
-once is refused with one line, before any record of it is written. And the run's options as its
+"""What is checked before a run exists: its command, its working folder, its checkpoint folder (no
+other live run's of this machine) and its memory limit can be used, and its --retry overrides name
+real causes; a run that would fail at once is refused with one line, before any record of it is
+written. Before an ended run goes on in place, its checkpoint folder. And the run's options as its
 record keeps them."""
 
 from __future__ import annotations
@@ -8,13 +9,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from trainguard._i18n import Text
 from trainguard.causes import CAUSE_IDS, Retry
 from trainguard.errors import UsageError
+from trainguard.paths import state_dir
+from trainguard.store.registry import Registry, Run
+from trainguard.supervisor import checkpoint_folders
 
 MIN_MEMORY_LIMIT = 64 * 1024**2
 
@@ -40,8 +46,12 @@ def check_cwd(cwd: str) -> None:
                          f"无法使用工作目录 {cwd}：{exc.strerror}") from None  # fmt: skip
 
 
-def check_checkpoint_dir(path: str) -> None:
-    """The job's checkpoint folder can be created and written, or the run is refused now."""
+def check_checkpoint_dir(path: str, *, except_run: str | None = None) -> None:
+    """The job's checkpoint folder is no other active run's of this machine (nor inside or around
+    one), and can be created and written; or the run is refused now. ``except_run``: the run that
+    goes on in it (its own folder is never in its way)."""
+    if (state_dir() / "runs.sqlite").exists():
+        checkpoint_folders.refuse_if_held(Registry(state_dir()), path, except_run=except_run)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".trainguard-probe-"):
@@ -51,6 +61,21 @@ def check_checkpoint_dir(path: str) -> None:
             f"--checkpoint-dir {path}: cannot write there ({exc.strerror or exc})",
             f"--checkpoint-dir {path}：无法写入（{exc.strerror or exc}）",
         ) from None
+
+
+def check_continued_checkpoint_dir(run: Run, options: Mapping[str, Any] | None = None) -> Text | None:
+    """Before an ended run goes on in place (with ``options``, else its own): its checkpoint folder
+    is refused when another active run of this machine uses it now; and when the folder is gone, the
+    line that says the run starts fresh (the person may have moved it, or meant another)."""
+    folder = (options or run.options)["checkpoint_dir"]
+    if (state_dir() / "runs.sqlite").exists():
+        checkpoint_folders.refuse_if_held(Registry(state_dir()), folder, except_run=run.id)
+    if os.path.isdir(folder):
+        return None
+    return Text(
+        f"note: the checkpoint folder of run {run.id}, {folder}, is gone: it starts fresh, from no checkpoint",
+        f"注意：运行 {run.id} 的检查点目录 {folder} 已不存在：将从头开始，不从任何检查点恢复",
+    )
 
 
 def check_memory_limit(limit: int) -> None:
@@ -82,4 +107,3 @@ def parse_retry_overrides(items: tuple[str, ...]) -> dict[str, str]:
 
 def options_record(**values: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
-

@@ -36,10 +36,12 @@ from trainguard.supervisor.attempt_files import append_marker, progress_file
 from trainguard.supervisor.attempt_start import prepare_attempt
 from trainguard.supervisor.containment import become_subreaper
 from trainguard.supervisor.death import count_lines, name_the_death
+from trainguard.supervisor.foresight import foresight_for
 from trainguard.supervisor.job import JobOptions
 from trainguard.supervisor.lock import AlreadyWatched, SupervisorLock
+from trainguard.supervisor.log_keeper import RunLogs
 from trainguard.supervisor.monitoring import start_monitoring
-from trainguard.supervisor.policy import Decision, Outcome, RestartPolicy, decide
+from trainguard.supervisor.policy import Decision, Outcome, RestartPolicy, decide, stopped_reason
 from trainguard.supervisor.progress_tracking import ProgressTracker
 from trainguard.supervisor.signals import SignalInbox
 from trainguard.supervisor.watch import EXIT_UNKNOWN, POLL_S, AttemptWatch, JobWatch, WatchEnd
@@ -91,12 +93,21 @@ class Supervisor:
         signals_before = self.signals.stop_signals
         self.journal.drain(give_up=lambda: self.signals.stop_signals >= signals_before + 2, sleep=self.sleep)
 
+    def _stop_request(self) -> dict | None:
+        """What `trainguard stop` recorded for the stop being acted on. None: the stop signal came
+        from outside trainguard, as is noted for the verdict."""
+        request = self.journal.stop_request()
+        self.stopped_from_outside = request is None
+        return request
+
     def _stop_grace(self) -> float:
         """The grace period of the stop being acted on: the one `trainguard stop --grace` asked
         for, else the run's."""
-        request = self.journal.stop_request()
-        self.stopped_from_outside = request is None
-        return float((request or {}).get("grace_s") or self.options.grace_s)
+        return float((self._stop_request() or {}).get("grace_s") or self.options.grace_s)
+
+    def _outside_stop_signal(self) -> int | None:
+        """The stop signal being acted on, where it came from outside trainguard (a scheduler's)."""
+        return self.signals.stop_requested if self._stop_request() is None else None
 
     # ------------------------------------------------------------------ state
     def _transition(self, new: RunState, reason: Text | None = None, **data: object) -> None:
@@ -120,7 +131,6 @@ class Supervisor:
         else:
             self.journal.clear_stop_request()  # a request addressed to an earlier supervisor is stale
         default_scanner()  # compile the signatures now, not between a death and the restart
-        Path(self.options.checkpoint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.monitor = start_monitoring(self.journal, self.options, notifiers=self.notifiers,
                                         checkpoint_bytes=self.tracker.checkpoint_bytes, clock=self.clock)  # fmt: skip
         self.tracker.recall_recorded_checkpoints()
@@ -135,13 +145,13 @@ class Supervisor:
             housekeeping=self._housekeeping,
             clock=self.clock,
             sleep=self.sleep,
+            logs=RunLogs(self.journal, self.run.run_dir),
         )
         attempt_n = self.run.attempts[-1].n if self.run.attempts else 0
         restart_cause = self.run.attempts[-1].cause if self.run.attempts else None
         while True:
             if self.signals.stop_requested is not None:
-                self._stop_grace()
-                self._transition(RunState.STOPPED, Text("stopped on request before the attempt started", "在尝试开始前按请求停止"))
+                self._transition(RunState.STOPPED, stopped_reason(self._outside_stop_signal(), "before_start"))
                 self._started()  # after the state: the command that started the run reports it stopped
                 return self.state
             if adopt and self.run.attempts and self.run.attempts[-1].ended_at is None:
@@ -162,6 +172,9 @@ class Supervisor:
                     en=f"attempt {attempt.n} died: {named}; {decision.reason.en}",
                     zh=f"第 {attempt.n} 次尝试终止：{named}；{decision.reason.zh}",
                 )
+                if decision.restart:  # the log says why the next attempt follows (the end of the run says its own)
+                    append_marker(attempt.log_path, Text(f"attempt {attempt.n} died: {decision.reason.en}",
+                                                         f"第 {attempt.n} 次尝试终止：{decision.reason.zh}"))  # fmt: skip
             if not decision.restart:
                 final = RunState(decision.final_state)
                 self._transition(final, decision.reason)
@@ -176,8 +189,7 @@ class Supervisor:
             self.batch_scale *= decision.batch_scale
             self._transition(RunState.BACKOFF, decision.reason, delay_s=decision.delay_s)
             if not self._wait_backoff(decision):
-                self._stop_grace()
-                self._transition(RunState.STOPPED, Text("stopped on request while waiting to restart", "在等待重启时按请求停止"))
+                self._transition(RunState.STOPPED, stopped_reason(self._outside_stop_signal(), "backoff"))
                 self.journal.flush(force=True)
                 return self.state
 
@@ -230,6 +242,8 @@ class Supervisor:
         self._started()
         watch = AttemptWatch(process, attempt, prepared.containment, prepared.read_fd, self.clock(),
                              kernel=prepared.kernel_tail, launch_record=prepared.launch_record)  # fmt: skip
+        watch.foresight = foresight_for(self.journal, self.monitor, self.options, attempt, prepared.containment,
+                                        process.pid, checkpoint_bytes=self.tracker.checkpoint_bytes)  # fmt: skip
         return self._conclude(watch)
 
     def _adopt_attempt(self, attempt: Attempt) -> tuple[Outcome, Attempt]:
@@ -250,6 +264,9 @@ class Supervisor:
         try:
             returncode = self._watch(watch)
             stopped = self.signals.stop_requested is not None and not watch.hung and not watch.peers_missing
+            # The job may have ended on the signal by itself (sent to its whole group) before the
+            # stop was acted on: where the signal came from is read here all the same.
+            outside_signal = self._outside_stop_signal() if stopped else None
             attempt.ended_at = time.time()
             leftovers = watch.containment.kill_all()
             if leftovers:
@@ -285,9 +302,11 @@ class Supervisor:
             signal=attempt.signal,
             cause=attempt.cause,
             stopped_by_user=stopped,
+            outside_stop_signal=outside_signal,
             new_checkpoint=new_checkpoint,
             new_lines=new_lines,
             peers_missing=watch.peers_missing,
+            confidence=attempt.confidence if attempt.confidence is not None else 1.0,
         )
         return outcome, attempt
 

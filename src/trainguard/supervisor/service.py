@@ -1,8 +1,8 @@
 """Starting and ending supervision, as the commands use it: a new run and its lock, an ended run
 continued in place, and a run supervised in this process until its verdict. The checks before a
-run exists (``preflight``), its supervisor's detached start (``detached``) and what is done to a run
-that no supervisor watches (``unwatched_runs``) live in modules of their own; the commands call
-them through this module.
+run exists (``preflight``), its supervisor's detached start (``detached``), its job's recorded
+environment (``run_environment``) and what is done to a run that no supervisor watches
+(``unwatched_runs``) live in modules of their own; the commands call them through this module.
 
 Every path that acts on a run's job holds the run's supervisor lock first, so two of them never act
 on one job at once.
@@ -11,7 +11,7 @@ on one job at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from trainguard.errors import TrainguardError, UsageError
 from trainguard.paths import state_dir
 from trainguard.store.registry import Registry, Run
 from trainguard.store.states import TERMINAL_STATES, RunState
+from trainguard.supervisor import checkpoint_folders, run_environment
 from trainguard.supervisor import lock as run_lock
 from trainguard.supervisor.detached import Handshake, start_detached
 from trainguard.supervisor.job import JobOptions
@@ -29,11 +30,13 @@ from trainguard.supervisor.policy import RestartPolicy, verdict_exit_code
 from trainguard.supervisor.preflight import (
     check_checkpoint_dir,
     check_command,
+    check_continued_checkpoint_dir,
     check_cwd,
     check_memory_limit,
     options_record,
     parse_retry_overrides,
 )
+from trainguard.supervisor.run_environment import parse_env_changes
 from trainguard.supervisor.runner import Supervisor
 from trainguard.supervisor.unwatched_runs import (
     forget_if_never_started,
@@ -46,12 +49,15 @@ __all__ = [
     "Handshake",
     "check_checkpoint_dir",
     "check_command",
+    "check_continued_checkpoint_dir",
     "check_cwd",
     "check_memory_limit",
+    "continued_environment",
     "create_run",
     "forget_if_never_started",
     "job_options",
     "options_record",
+    "parse_env_changes",
     "parse_retry_overrides",
     "prepare_continue",
     "start_detached",
@@ -67,13 +73,17 @@ def create_run(
 ) -> tuple[Registry, Run, run_lock.SupervisorLock]:
     """A new run, and its supervisor lock: taken before any other command can see the run, so that
     none takes a run still starting for one whose supervisor died (`run --name`, `adopt`, `stop`).
-    The caller hands the lock to the supervisor (``supervise_run``, ``start_detached``)."""
+    The caller hands the lock to the supervisor (``supervise_run``, ``start_detached``). This
+    process's environment is the job's, for every attempt (``run_environment``)."""
     registry = Registry(state_dir())
     held: list[run_lock.SupervisorLock] = []
 
     def hold(run_id: str, run_dir: Path) -> None:
+        if "checkpoint_dir" in options:  # chosen by the person: checked again where no other `run` can pass too
+            checkpoint_folders.refuse_if_held(registry, options["checkpoint_dir"])
         held.append(run_lock.SupervisorLock.acquire(run_dir, run_id, patience_s=0))
         options.setdefault("checkpoint_dir", str(run_dir / "checkpoints"))  # in the record from its first moment
+        run_environment.record(run_dir, os.environ)
 
     try:
         run = registry.create_run(command, name=name, cwd=os.getcwd(), options=options, before_visible=hold)
@@ -180,9 +190,22 @@ def supervise_run(
     )
 
 
-def prepare_continue(registry: Registry, run_id: str, **changes: Any) -> run_lock.SupervisorLock:
+def continued_environment(
+    run: Run, caller: Mapping[str, str], changes: Mapping[str, str | None]
+) -> tuple[dict[str, str], bool]:
+    """The environment ``run``'s job continues with (``run_environment.continued``), and whether the
+    run had one recorded: one recorded by an older trainguard continues with ``caller``'s."""
+    recorded = run_environment.recorded(run.run_dir)
+    environment = run_environment.continued(caller if recorded is None else recorded, caller, changes)
+    return environment, recorded is not None
+
+
+def prepare_continue(
+    registry: Registry, run_id: str, *, environment: Mapping[str, str] | None = None, **changes: Any
+) -> run_lock.SupervisorLock:
     """Take an ended run's lock and mark it starting again (with ``changes`` to its command, cwd,
-    options), for the supervisor that continues it in place: a `stop` from now on is its business."""
+    options, and ``environment``, its job's from now on), for the supervisor that continues it in
+    place: a `stop` from now on is its business."""
     run = registry.get(run_id)
     if run is None:
         raise UsageError(f"no run {run_id}", f"没有运行 {run_id}")
@@ -191,6 +214,8 @@ def prepare_continue(registry: Registry, run_id: str, **changes: Any) -> run_loc
         run = registry.get(run_id)
         if RunState(run.state) not in TERMINAL_STATES:
             raise UsageError(f"run {run.id} is still {run.state}", f"运行 {run.id} 仍在{run.state}")
+        if environment is not None:
+            run_environment.record(run.run_dir, environment)
         if changes:
             registry.update_run(run.id, **changes)
         registry.set_state(run.id, RunState.STARTING.value, reason=Text("continued in place", "原地继续"),
@@ -199,4 +224,3 @@ def prepare_continue(registry: Registry, run_id: str, **changes: Any) -> run_loc
         lock.release()
         raise
     return lock
-

@@ -28,6 +28,8 @@ from trainguard.store.registry import Attempt
 from trainguard.supervisor import launchers
 from trainguard.supervisor.attempt_files import append_marker
 from trainguard.supervisor.containment import Containment, stop_gracefully
+from trainguard.supervisor.foresight import Foresight
+from trainguard.supervisor.log_keeper import RunLogs
 from trainguard.supervisor.progress_tracking import ProgressTracker
 from trainguard.supervisor.signals import SignalInbox
 from trainguard.supervisor.stacks import dump_stacks
@@ -76,6 +78,7 @@ class AttemptWatch:
     pids: set[int] = field(default_factory=set)
     launch_record: dict[str, Any] | None = None  # the job runs under a launcher: what is known of its ranks
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (rank, local rank)
+    foresight: Foresight | None = None  # acts on deaths seen coming (not for an adopted job)
 
     @classmethod
     def of_adopted(cls, attempt: Attempt, clock: Callable[[], float]) -> AttemptWatch:
@@ -83,6 +86,8 @@ class AttemptWatch:
         death may predate the adoption."""
         job = ProcessRef(attempt.pid or 0, attempt.pid_start)
         containment = Containment.from_record(attempt.containment, job)
+        if containment.groups is not None:
+            containment.groups.thaw()  # its supervisor may have died with the job paused for a log rotation
         read_fd = None
         if attempt.log_path:
             with contextlib.suppress(OSError):
@@ -185,6 +190,7 @@ class JobWatch:
     housekeeping: Callable[[], None]  # the supervisor's, once a tick
     clock: Callable[[], float]
     sleep: Callable[[float], None]
+    logs: RunLogs | None = None  # keeps the run's logs within their bound
 
     def follow(self, watch: AttemptWatch) -> WatchEnd:
         """Watch the job until it exits or has to be stopped; the stop is the caller's to make."""
@@ -207,6 +213,8 @@ class JobWatch:
             if watch.returncode is not None:
                 return WatchEnd.EXITED
             now = self.clock()
+            if watch.foresight is not None:
+                watch.foresight.tick(now)
             if signals.save_requested is not None and (signals.save_request_new or now >= next_tick):
                 self._pass_on_save_request(watch, signals.save_requested)
             if signals.stop_requested is not None:
@@ -214,6 +222,8 @@ class JobWatch:
             if now >= next_tick:
                 next_tick = now + TICK_S
                 self.housekeeping()
+                if self.logs is not None:
+                    self.logs.tick(watch)
                 watch.pids |= _descendants(watch.process.pid)
                 watch.learn_workers()
                 self.tracker.check_progress(watch, now)
@@ -239,7 +249,8 @@ class JobWatch:
                         en=f"attempt {n}: no progress for {silent:.0f} s; restarting",
                         zh=f"第 {n} 次尝试：{silent:.0f} 秒没有进展；正在重启",
                     )
-            self._wait_for_exit(watch, max(0.0, next_tick - self.clock()))
+            wake = next_tick if watch.foresight is None else min(next_tick, now + watch.foresight.due_in(now))
+            self._wait_for_exit(watch, max(0.0, wake - self.clock()))
 
     def _must_stop(self, end: WatchEnd, data: dict[str, Any], *, en: str, zh: str) -> WatchEnd:
         """Why the job has to be stopped, recorded as an event and raised as a critical alert of the
