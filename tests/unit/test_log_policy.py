@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainguard.store import runlogs
 from trainguard.supervisor.log_policy import (
     HEAD_BYTES,
     MIN_NEWEST,
+    MIN_POLL_S,
+    POLL_S,
     Disk,
     EndedLog,
     LiveLog,
@@ -18,6 +22,7 @@ from trainguard.supervisor.log_policy import (
     low_water,
     plan_old_attempts,
     plan_rotation,
+    poll_in,
 )
 
 ROOMY = Disk(total=100 << 30, free=50 << 30)
@@ -42,6 +47,21 @@ def test_later_rotations_keep_the_head_once_and_drop_the_oldest_backup() -> None
 def test_no_backups_keeps_only_the_head_and_the_live_log() -> None:
     plan = plan_rotation(LiveLog(size=50 * MiB, head_saved=True), LogBound(50 * MiB, 0), ROOMY)
     assert plan is not None and plan.to_backup == 0 and plan.keep_backups == 0
+
+
+def test_a_writer_faster_than_the_polling_keeps_only_its_newest_size_and_no_older_pieces() -> None:
+    plan = plan_rotation(LiveLog(size=900 * MiB, backups=(50 * MiB,) * 2, head_saved=True), BOUND, ROOMY)
+    assert plan is not None and not plan.pressure
+    assert plan.to_backup == BOUND.max_size and plan.keep_backups == 0
+    a_little_over = plan_rotation(LiveLog(size=60 * MiB, backups=(50 * MiB,), head_saved=True), BOUND, ROOMY)
+    assert a_little_over is not None and a_little_over.to_backup is None and a_little_over.keep_backups == 2
+
+
+def test_a_fast_writer_is_polled_sooner_a_slow_one_once_a_tick() -> None:
+    assert poll_in(MiB, 0.0, BOUND) == POLL_S
+    assert poll_in(MiB, 1 * MiB, BOUND) == POLL_S  # 49 MiB to go at 1 MiB/s
+    assert poll_in(40 * MiB, 20 * MiB, BOUND) == pytest.approx(0.5)
+    assert poll_in(49 * MiB, 1 << 30, BOUND) == MIN_POLL_S  # `yes`: as often as is allowed, no more
 
 
 def test_a_nearly_full_disk_rotates_early_dropping_old_backups_before_the_newest() -> None:

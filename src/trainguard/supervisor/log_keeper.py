@@ -16,7 +16,14 @@ from trainguard.store.journal import Journal
 from trainguard.store.registry import Attempt
 from trainguard.supervisor.attempt_files import append_marker
 from trainguard.supervisor.containment import Containment
-from trainguard.supervisor.log_policy import OLD_HEAD_BYTES, OLD_TAIL_BYTES, EndedLog, LogBound, plan_old_attempts
+from trainguard.supervisor.log_policy import (
+    OLD_HEAD_BYTES,
+    OLD_TAIL_BYTES,
+    POLL_S,
+    EndedLog,
+    LogBound,
+    plan_old_attempts,
+)
 from trainguard.supervisor.log_rotation import AttemptLog, disk_of
 from trainguard.units import format_size
 
@@ -60,6 +67,20 @@ class RunLogs:
         if rotation is not None and rotation.pressure:
             self._bound_ended_attempts(may_remove=False)
             self._say_pressure(attempt)
+
+    def poll_in(self) -> float:
+        """Seconds until the running attempt's log should be looked at again."""
+        return self.current.poll_in() if self.current is not None else POLL_S
+
+    def attempt_ended(self, attempt: Attempt) -> None:
+        """Cut the ended attempt's log to its bound once more: what the job wrote since the last look
+        (a fast writer's last second, a long line with no newline) is not left whole."""
+        if self.current is None or self.current.n != attempt.n:
+            return
+        with contextlib.suppress(OSError):
+            self.current.tick()
+        self.current.close()
+        self.current = None
 
     def make_room(self) -> int:
         """Bytes given back on the full state disk (the journal's room maker)."""

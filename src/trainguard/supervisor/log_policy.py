@@ -29,6 +29,8 @@ WORTH_ROTATING = 64 * KiB  # freeing less than this is not worth a rotation unde
 LOW_WATER_FRACTION = 0.05  # of the state disk, kept free for the registry and the supervisor's records
 LOW_WATER_MIN = 1 * MiB
 LOW_WATER_MAX = 1 << 30
+POLL_S = 1.0  # the supervisor's tick
+MIN_POLL_S = 0.05  # a writer faster than max_size in this long overshoots by at most what it writes in it
 TICKS_OF_HEADROOM = 2  # the free room also covers this many ticks of the log's growth
 
 
@@ -98,6 +100,14 @@ def low_water(disk_total: int) -> int:
     return int(min(LOW_WATER_MAX, max(LOW_WATER_MIN, disk_total * LOW_WATER_FRACTION)))
 
 
+def poll_in(size: int, growth_per_s: float, bound: LogBound) -> float:
+    """Seconds until the live log should be looked at again: a second, or sooner where at its rate
+    it reaches its size before then (never more often than MIN_POLL_S)."""
+    if growth_per_s <= 0:
+        return POLL_S
+    return min(POLL_S, max(MIN_POLL_S, (bound.max_size - size) / growth_per_s))
+
+
 def room_needed(disk: Disk, growth: int) -> int:
     """Bytes to free on the state disk now (0: none): its low water plus a few ticks of the log."""
     return max(0, low_water(disk.total) + TICKS_OF_HEADROOM * max(0, growth) - disk.free)
@@ -111,8 +121,14 @@ def plan_rotation(log: LiveLog, bound: LogBound, disk: Disk) -> Rotation | None:
         return None
     save_head = 0 if log.head_saved else min(log.size, bound.head_bytes)
     content = log.size - save_head  # what the live file holds besides its head
-    if need == 0:  # all of it: a backup then holds up to one tick's output more than max_size
-        return Rotation(save_head, None if bound.backups else 0, max(0, bound.backups - 1), pressure=False)
+    if need == 0:
+        if not bound.backups:
+            return Rotation(save_head, 0, 0, pressure=False)
+        if content <= 2 * bound.max_size:  # all of it: a little over the size, next to the older backups
+            return Rotation(save_head, None, bound.backups - 1, pressure=False)
+        # A writer faster than the polling (`yes`): only the newest max_size survives, and the older
+        # backups, no longer next to it, go too.
+        return Rotation(save_head, bound.max_size, 0, pressure=False)
     before = log.size + sum(log.backups)
 
     def freed(to_backup: int, keep: int) -> int:

@@ -21,12 +21,13 @@ import contextlib
 import ctypes
 import errno
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 
 from trainguard.store import runlogs
 from trainguard.store.runlogs import Kept
-from trainguard.supervisor.log_policy import Disk, LiveLog, LogBound, Rotation, plan_rotation
+from trainguard.supervisor.log_policy import MIN_POLL_S, Disk, LiveLog, LogBound, Rotation, plan_rotation, poll_in
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_COLLAPSE_RANGE = 0x08
@@ -85,6 +86,9 @@ class AttemptLog:
         self.collapse: bool | None = None  # whether the filesystem collapses ranges, once tried
         self.growth: deque[int] = deque(maxlen=GROWTH_TICKS)
         self.last_size: int | None = None
+        self.last_look: float | None = None  # monotonic time of the last tick
+        self.rate = 0.0  # bytes per second the job wrote between the last two ticks
+        self.rate_known = False
 
     def close(self) -> None:
         for fd in (self.fd, self.read_fd):
@@ -93,14 +97,24 @@ class AttemptLog:
 
     def tick(self) -> Rotation | None:
         """Rotate the log where the policy says so; keep room for its last lines. The rotation done."""
-        size = os.fstat(self.fd).st_size
-        self.growth.append(max(0, size - (self.last_size if self.last_size is not None else size)))
+        size, now = os.fstat(self.fd).st_size, time.monotonic()
+        grown = max(0, size - (self.last_size if self.last_size is not None else size))
+        self.growth.append(grown)
+        if self.last_look is not None and now > self.last_look:
+            self.rate, self.rate_known = grown / (now - self.last_look), True
+        self.last_look = now
         plan = plan_rotation(self._as_policy_sees_it(size), self.bound, disk_of(self.state_dir))
         if plan is not None:
             self.rotate(plan)
         self.last_size = os.fstat(self.fd).st_size
         fallocate(self.fd, FALLOC_FL_KEEP_SIZE, self.last_size, TAIL_ROOM)
         return plan
+
+    def poll_in(self) -> float:
+        """Seconds until this log should be looked at again, by how fast it grows."""
+        if self.last_look is None or not self.rate_known:
+            return MIN_POLL_S  # its rate is learnt in the first moments, before `yes` can write a gigabyte
+        return poll_in(self.last_size or 0, self.rate, self.bound)
 
     def make_room(self) -> int:
         """The state disk is full: keep only what the policy keeps under the most pressure. Bytes freed."""

@@ -294,6 +294,8 @@ class Supervisor:
                 append_marker(attempt.log_path, Text(
                     f"the other nodes did not join in {opts.peer_timeout_s:g} s: stopped; the run ends with peer_failure",
                     f"其他节点在 {opts.peer_timeout_s:g} 秒内没有加入：已停止；运行以 peer_failure 结束"))  # fmt: skip
+            if self.job_watch.logs is not None:
+                self.job_watch.logs.attempt_ended(attempt)
             self.journal.end_attempt(attempt)
         finally:
             watch.close()

@@ -205,7 +205,7 @@ class JobWatch:
                 os.close(watch.pidfd)
 
     def _loop(self, watch: AttemptWatch) -> WatchEnd:
-        next_tick = self.clock()
+        next_tick = logs_due = self.clock()
         n = watch.attempt.n
         signals = self.signals
         while True:
@@ -219,11 +219,12 @@ class JobWatch:
                 self._pass_on_save_request(watch, signals.save_requested)
             if signals.stop_requested is not None:
                 return WatchEnd.STOP_REQUESTED
+            if self.logs is not None and now >= logs_due:  # a fast writer's log is looked at sooner than a tick
+                self.logs.tick(watch)
+                logs_due = now + self.logs.poll_in()
             if now >= next_tick:
                 next_tick = now + TICK_S
                 self.housekeeping()
-                if self.logs is not None:
-                    self.logs.tick(watch)
                 watch.pids |= _descendants(watch.process.pid)
                 watch.learn_workers()
                 self.tracker.check_progress(watch, now)
@@ -249,7 +250,9 @@ class JobWatch:
                         en=f"attempt {n}: no progress for {silent:.0f} s; restarting",
                         zh=f"第 {n} 次尝试：{silent:.0f} 秒没有进展；正在重启",
                     )
-            wake = next_tick if watch.foresight is None else min(next_tick, now + watch.foresight.due_in(now))
+            wake = min(next_tick, logs_due) if self.logs is not None else next_tick
+            if watch.foresight is not None:
+                wake = min(wake, now + watch.foresight.due_in(now))
             self._wait_for_exit(watch, max(0.0, wake - self.clock()))
 
     def _must_stop(self, end: WatchEnd, data: dict[str, Any], *, en: str, zh: str) -> WatchEnd:
