@@ -122,3 +122,23 @@ def test_a_record_of_pieces_that_is_not_one_is_ignored(tmp_path: Path) -> None:
     log.write_bytes(b"all of it\n")
     Path(runlogs.kept_record_path(str(log))).write_text(json.dumps({"head_bytes": -1, "backups": "x"}))
     assert runlogs.attempt_pieces(str(log)) == [runlogs.LogPiece(str(log), 0, None)]
+
+
+def test_logs_shows_whole_lines_around_a_drop(tmp_path: Path) -> None:
+    """A piece after a drop was cut at a byte: its broken first line goes with the drop (and is
+    counted in it), and the marker starts a line even after a head with no newline at its end."""
+    from trainguard.cli.logs import copy_kept
+
+    log = tmp_path / "attempt-1.log"
+    Path(runlogs.head_path(str(log))).write_bytes(b"line 0\nno newline yet")  # 21 bytes
+    Path(runlogs.backup_path(str(log), 1)).write_bytes(b"ne 41\nline 42\n")  # starts mid-line
+    log.write_bytes(b"line 43\n")
+    kept = runlogs.Kept(head_bytes=21, live_start=135, backups=((121, 14),), dropped_bytes=100, rotations=2)
+    runlogs.write_kept(str(log), kept)
+    shown: list[bytes] = []
+    end = copy_kept(str(log), 0, 1, "en", shown.append)
+    lines = b"".join(shown).decode().splitlines()
+    assert lines[:2] == ["line 0", "no newline yet"]
+    assert lines[2].startswith("==== trainguard · 106 B of attempt 1's output dropped here"), lines[2]
+    assert lines[3:] == ["line 42", "line 43"]
+    assert end == 135 + len(b"line 43\n")

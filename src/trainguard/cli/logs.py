@@ -16,6 +16,7 @@ from trainguard.cli.params import open_registry
 from trainguard.errors import UsageError
 from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.store.runlogs import (
+    LogPiece,
     LogRegion,
     attempt_pieces,
     attempt_region,
@@ -25,6 +26,8 @@ from trainguard.store.runlogs import (
     start_marker,
 )
 from trainguard.store.states import TERMINAL_STATES, RunState
+
+BROKEN_LINE_MAX = 64 * 1024  # a piece's first line longer than this is shown as it is, not dropped
 
 
 def _to_stdout(data: bytes) -> None:
@@ -51,20 +54,51 @@ def copy_kept(log_path: str, position: int, attempt_n: int, lang: str,
               write: Callable[[bytes], None] = _to_stdout) -> int:
     """Print an attempt's output from ``position`` (an offset in all it wrote): the pieces its bounded
     log keeps (``store.runlogs``), with a line where a part was dropped. The position reached."""
-    for piece in attempt_pieces(log_path):
+    pieces = attempt_pieces(log_path)
+    for i, piece in enumerate(pieces):
         end = None if piece.size is None else piece.start + piece.size
         if end is not None and end <= position:
             continue
         if piece.path is None:
             assert end is not None
-            write(dropped_marker(attempt_n, end - position, lang).encode())
-            position = end
+            # The piece after a drop was cut at a byte, not a line: its broken first line goes with
+            # the drop, so the marker stands between whole lines.
+            broken = _broken_first_line(pieces[i + 1]) if i + 1 < len(pieces) else 0
+            opens_a_line = i == 0 or _ends_a_line(pieces[i - 1])
+            marker = dropped_marker(attempt_n, end + broken - position, lang)
+            write((marker if opens_a_line else "\n" + marker).encode())
+            position = end + broken
             continue
         offset = max(0, position - piece.start)
         if piece.size is None and os.path.getsize(piece.path) < offset:
             return position  # the live log is being cut right now: its record follows
         position = piece.start + _copy(piece.path, offset, None if piece.size is None else piece.size, write)
     return position
+
+
+def _ends_a_line(piece: LogPiece) -> bool:
+    if piece.path is None or not piece.size:
+        return True
+    try:
+        with open(piece.path, "rb") as log:
+            log.seek(piece.size - 1)
+            return log.read(1) in (b"\n", b"")
+    except OSError:
+        return True
+
+
+def _broken_first_line(piece: LogPiece) -> int:
+    """Bytes up to and with the first newline of a piece (0 where there is none in its first
+    BROKEN_LINE_MAX bytes)."""
+    if piece.path is None:
+        return 0
+    try:
+        with open(piece.path, "rb") as log:
+            start = log.read(min(BROKEN_LINE_MAX, piece.size if piece.size is not None else BROKEN_LINE_MAX))
+    except OSError:
+        return 0
+    newline = start.find(b"\n")
+    return newline + 1 if newline >= 0 else 0
 
 
 def _print_attempts(run_record: Run, only: int | None) -> None:

@@ -34,6 +34,7 @@ FALLOC_FL_COLLAPSE_RANGE = 0x08
 TAIL_ROOM = 64 * 1024  # allocated beyond the log's end: room for the job's last lines on a full disk
 GROWTH_TICKS = 5  # the log's growth per tick is the largest of the last few
 CHUNK = 1 << 20
+CHASE_ROUNDS = 4  # copies while the job writes, before the last one with the job held still
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
@@ -87,8 +88,9 @@ class AttemptLog:
         self.growth: deque[int] = deque(maxlen=GROWTH_TICKS)
         self.last_size: int | None = None
         self.last_look: float | None = None  # monotonic time of the last tick
-        self.rate = 0.0  # bytes per second the job wrote between the last two ticks
-        self.rate_known = False
+        # Bytes per second between ticks, the largest of the last few: one slow moment (the job
+        # blocked while its file was cut) does not let `yes` write a second's worth unseen.
+        self.rates: deque[float] = deque(maxlen=GROWTH_TICKS)
 
     def close(self) -> None:
         for fd in (self.fd, self.read_fd):
@@ -101,7 +103,7 @@ class AttemptLog:
         grown = max(0, size - (self.last_size if self.last_size is not None else size))
         self.growth.append(grown)
         if self.last_look is not None and now > self.last_look:
-            self.rate, self.rate_known = grown / (now - self.last_look), True
+            self.rates.append(grown / (now - self.last_look))
         self.last_look = now
         plan = plan_rotation(self._as_policy_sees_it(size), self.bound, disk_of(self.state_dir))
         if plan is not None:
@@ -112,9 +114,9 @@ class AttemptLog:
 
     def poll_in(self) -> float:
         """Seconds until this log should be looked at again, by how fast it grows."""
-        if self.last_look is None or not self.rate_known:
+        if not self.rates:
             return MIN_POLL_S  # its rate is learnt in the first moments, before `yes` can write a gigabyte
-        return poll_in(self.last_size or 0, self.rate, self.bound)
+        return poll_in(self.last_size or 0, max(self.rates), self.bound)
 
     def make_room(self) -> int:
         """The state disk is full: keep only what the policy keeps under the most pressure. Bytes freed."""
@@ -174,6 +176,11 @@ class AttemptLog:
         head) into backup 1: (where the backup starts, where the cut ends, bytes copied), as offsets
         in the live file before the cut."""
         size = os.fstat(self.fd).st_size
+        # The plan saw the file a moment ago; a fast writer may have doubled it since: a backup
+        # holds at most twice the size (all of it), else only its newest size.
+        if to_backup is None and size - first > 2 * self.bound.max_size:
+            to_backup = self.bound.max_size
+        limit = 2 * self.bound.max_size if to_backup is None else to_backup
         if self.collapse is not False:
             block = max(4096, os.fstat(self.fd).st_blksize)
             end = ((size - 1) // block) * block  # a collapse that reaches the end of the file is refused
@@ -189,26 +196,45 @@ class AttemptLog:
                 self.collapse = False
                 _remove(runlogs.backup_path(self.path, 1))
         backup_from = first if to_backup is None else max(first, size - to_backup)
-        return self._copy_then_truncate(first, backup_from, keep=to_backup != 0)
+        return self._copy_then_truncate(first, backup_from, limit)
 
-    def _copy_then_truncate(self, first: int, backup_from: int, *, keep: bool) -> tuple[int, int, int]:
+    def _copy_then_truncate(self, first: int, backup_from: int, limit: int) -> tuple[int, int, int]:
         """Copy the live file from ``backup_from`` into backup 1 while the job runs, then, with the job
         paused for the moment (its cgroup frozen), what it wrote meanwhile, and empty the file: nothing
         is lost between the copy's last look and the cut. Without a freezer, what the job writes in
-        that moment (microseconds) is lost, as with logrotate's copytruncate."""
+        that moment (microseconds) is lost, as with logrotate's copytruncate. The backup holds at
+        most ``limit`` bytes, the newest: a writer faster than the copy is not chased for ever."""
         path = runlogs.backup_path(self.path, 1)
         temporary = f"{path}.tmp"
         out: int | None = None
         copied = 0
+
+        def newest_only(now: int) -> bool:
+            """Start again at the newest ``limit`` bytes where the file outgrew them; whether it did."""
+            nonlocal backup_from, copied
+            if out is None or now - backup_from <= limit:
+                return False
+            backup_from, copied = now - limit, 0
+            os.ftruncate(out, 0)
+            os.lseek(out, 0, os.SEEK_SET)
+            return True
+
         with contextlib.suppress(OSError):
-            out = _new_file(temporary) if keep else None
-            while out is not None and (now := os.fstat(self.fd).st_size) > backup_from + copied + CHUNK:
+            out = _new_file(temporary) if limit else None
+            for _ in range(CHASE_ROUNDS):
+                now = os.fstat(self.fd).st_size
+                if out is None or now <= backup_from + copied + CHUNK:
+                    break
+                if copied and newest_only(now):
+                    break  # it writes faster than the copy: the rest is copied with the job held still
+                newest_only(now)
                 copied += copy_range(self.read_fd, out, backup_from + copied, now)
         try:
             with self.pause():
                 end = os.fstat(self.fd).st_size
                 if out is not None:
                     try:
+                        newest_only(end)
                         copied += copy_range(self.read_fd, out, backup_from + copied, end)
                     except OSError:  # no room for the backup: its part is dropped
                         os.close(out)
