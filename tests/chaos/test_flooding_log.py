@@ -146,6 +146,28 @@ def test_a_job_that_fills_the_state_disk_itself_ends_disk_full_at_its_true_end(t
     assert "No space left on device" in shown.stdout, shown.stdout[-2000:]
 
 
+def test_on_a_tiny_state_disk_a_job_that_fills_it_still_ends_at_its_true_end(tmp_path: Path, monkeypatch) -> None:
+    """A 16 MB state disk (a small quota, a tmpfs) is below the size that holds the usual reserve;
+    it holds a small one all the same, or the end has nowhere to go and the run shows running."""
+    if reason := faults.why_no_root():
+        pytest.skip(f"a small tmpfs: {reason}")
+    with faults.small_tmpfs(tmp_path / "tiny", "16m") as home:
+        monkeypatch.setenv("TRAINGUARD_HOME", str(home))
+        stamp = tmp_path / "died"
+        job = script(tmp_path, "fill.py", FILL_THE_DISK)
+        run_id = run_id_from(tg("run", "--restart", "never", "--", sys.executable, job, str(home / "cache.bin"),
+                                str(stamp)).stdout)  # fmt: skip
+        wait_for(stamp.exists, timeout=60, what="the job to fill the disk and die")
+        final = wait_for(lambda: (s := status(run_id))["state"] not in ("running", "restarting") and s, timeout=10,
+                         what="the run's end recorded on the full tiny disk")  # fmt: skip
+        assert final["attempts"][0]["cause"] == "disk_full", final["attempts"][0]
+        assert _ended(final) - float(stamp.read_text()) < 3, "the end was recorded late"
+        asked = time.monotonic()
+        stopped = tg("stop", run_id, timeout=30)  # it answers at once: the run has ended (2.5 min before)
+        assert "not running" in stopped.stderr and "Traceback" not in stopped.stderr, stopped.stderr
+        assert time.monotonic() - asked < 10
+
+
 def test_stop_on_a_state_disk_the_job_filled_answers_within_seconds(tmp_path: Path, state_disk: Path) -> None:
     """The job fills the state disk and lives on (it catches ENOSPC and waits): `stop` records its
     request in the state disk's reserve and the run ends stopped, in seconds."""

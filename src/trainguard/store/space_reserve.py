@@ -17,14 +17,17 @@ from pathlib import Path
 RESERVE_NAME = "reserve"
 RESERVE_FRACTION = 32  # of the state disk ...
 RESERVE_MAX = 8 << 20  # ... and at most this
-SMALLEST_DISK = 32 << 20  # a disk smaller than this holds no reserve: it would take the job's room
+SMALLEST_DISK = 32 << 20  # a disk smaller than this holds only a small reserve ...
+SMALL_RESERVE = 256 << 10  # ... this much (and at most 1/32 of it): enough for the records of a run's end
 FREE_TO_MAKE_IT = 4  # made again only when the disk has this many times its size free
 MAKE_EVERY_S = 30.0
 
 
 def reserve_size(disk_total: int) -> int:
     """How much room is held back on a disk of ``disk_total`` bytes (0: none)."""
-    return 0 if disk_total < SMALLEST_DISK else min(RESERVE_MAX, disk_total // RESERVE_FRACTION)
+    if disk_total < SMALLEST_DISK:
+        return min(SMALL_RESERVE, disk_total // RESERVE_FRACTION)
+    return min(RESERVE_MAX, disk_total // RESERVE_FRACTION)
 
 
 class SpaceReserve:
