@@ -28,7 +28,7 @@ from trainguard.store.registry import Registry, Run, RunNotFound
 from trainguard.store.states import TERMINAL_STATES, RunState
 from trainguard.supervisor import service
 from trainguard.supervisor.lock import AlreadyWatched
-from trainguard.supervisor.log_policy import MIN_MAX_SIZE
+from trainguard.supervisor.log_policy import DEFAULT_BACKUPS, DEFAULT_MAX_SIZE, MIN_MAX_SIZE, MiB
 from trainguard.units import format_size
 
 
@@ -146,7 +146,7 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.option(
     "--log-max-size",
     callback=as_size,
-    default="50M",
+    default=f"{DEFAULT_MAX_SIZE // MiB}M",
     show_default=True,
     metavar="SIZE",
     help="An attempt's log is rotated at this size: it keeps its first 1 MiB and its newest part (the live "
@@ -155,7 +155,7 @@ def _started_message(record: Run, command: list[str], verb_en: str = "started", 
 @click.option(
     "--log-backups",
     type=click.IntRange(0, 100),
-    default=3,
+    default=DEFAULT_BACKUPS,
     show_default=True,
     help="Earlier pieces of an attempt's newest output kept beside its live log (each up to --log-max-size).",
 )

@@ -225,9 +225,9 @@ class AttemptLog:
                 now = os.fstat(self.fd).st_size
                 if out is None or now <= backup_from + copied + CHUNK:
                     break
-                if copied and newest_only(now):
+                chasing = copied > 0
+                if newest_only(now) and chasing:
                     break  # it writes faster than the copy: the rest is copied with the job held still
-                newest_only(now)
                 copied += copy_range(self.read_fd, out, backup_from + copied, now)
         try:
             with self.pause():
