@@ -1,5 +1,5 @@
 """Goodput of a real run with known faults, checked against what happened: `trainguard run` of a job
-saving a checkpoint every 5 steps (0.1 s a step), SIGKILLed from outside after step 22, then killed
+saving a checkpoint every 5 steps (0.25 s a step), SIGKILLed from outside after step 22, then killed
 by its memory cgroup's OOM killer after step 32, then finishing at step 49. The figures `status`,
 `status --json` and the exporter give are compared with the job's own log lines (the
 steps each attempt printed, the step each resumed from) and the registry's times."""
@@ -25,6 +25,10 @@ pytestmark = [
 ]
 
 JOB = Path(__file__).with_name("faulty_job.py")
+# A step long enough that a busy machine's scheduling jitter (a tenth of a second over a few steps,
+# seen on CI's two cores) cannot pass for a step: steps redone after the last report are estimated
+# from the time since it at the attempt's own pace.
+STEP_S = 0.25
 
 
 def tg(home: Path, *args: str) -> subprocess.CompletedProcess:
@@ -45,7 +49,7 @@ def wait_for(predicate, timeout: float = 60.0):
 def test_goodput_of_a_run_killed_then_oom_killed_matches_its_logs(tmp_path: Path) -> None:
     home = tmp_path / "state"
     started = tg(home, "run", "--name", "gp", "--memory-limit", "300M", "--", sys.executable, str(JOB),
-                 "--steps", "50", "--step-seconds", "0.1", "--oom-attempt", "2", "--oom-step", "32")  # fmt: skip
+                 "--steps", "50", "--step-seconds", str(STEP_S), "--oom-attempt", "2", "--oom-step", "32")  # fmt: skip
     assert started.returncode == 0, started.stderr
     info = json.loads(tg(home, "status", "gp", "--json").stdout)
     log = Path(info["attempts"][0]["log_path"])
@@ -70,16 +74,16 @@ def test_goodput_of_a_run_killed_then_oom_killed_matches_its_logs(tmp_path: Path
     for loss, died, steps, resumed_step in zip((killed, oom), run.attempts, printed, resumed_steps):
         # Steps redone: those the attempt printed after the checkpoint the next one resumed from.
         assert loss.recomputed_steps == max(steps) - resumed_step == 3
-        assert loss.recomputed_s == pytest.approx(3 * 0.1, abs=0.06)
+        assert loss.recomputed_s == pytest.approx(3 * STEP_S, abs=STEP_S / 2)
         after = run.attempts[died.n]  # the next attempt
         assert loss.restart_s == pytest.approx(after.progress["first_step_time"] - died.ended_at, abs=1e-6)
         assert 2.0 <= loss.restart_s < 4.0  # the 2 s backoff, a process start, loading the checkpoint
-    assert killed.stalled_s < 0.1  # killed while printing steps
+    assert killed.stalled_s < STEP_S  # killed while printing steps
     assert 0 < oom.stalled_s < 3  # filling memory after its last step until the OOM killer came
     parts = result.kept_s + result.recomputed_s + result.restart_s + result.stalled_s + result.overhead_s
     assert parts == pytest.approx(result.wall_s, abs=1e-6)
     assert result.wall_s == pytest.approx(run.attempts[-1].ended_at - run.attempts[0].started_at, abs=1e-6)
-    assert result.kept_s == pytest.approx(47 * 0.1, abs=0.3)  # 50 steps, the first of each attempt is start-up
+    assert result.kept_s == pytest.approx(47 * STEP_S, abs=3 * STEP_S)  # 50 steps, the first of each attempt is start-up
 
     # The same figures wherever a person or a scraper looks.
     shown = json.loads(tg(home, "status", "gp", "--json").stdout)["goodput"]
