@@ -1,8 +1,8 @@
 """A training job for the goodput tests: a Checkpointer saving every --save-every steps (5; 0: no
 Checkpointer, the steps reported through trainguard.progress only), a step every --step-seconds,
 each step printed. On attempt --oom-attempt it allocates memory after printing step --oom-step until
-its memory cgroup's OOM killer ends it (the step's work is never saved); the test SIGKILLs another
-attempt from outside. It saves on a stop signal unless --no-save-on-stop: then the signal kills it
+its memory cgroup's OOM killer ends it (the step's work is never saved); on attempt --hang-attempt it
+falls silent after printing --hang-step; the test SIGKILLs another attempt from outside. It saves on a stop signal unless --no-save-on-stop: then the signal kills it
 unsaved, as a stop that kills the DataLoader workers first does.
 
     python faulty_job.py --steps 50 --step-seconds 0.1 --oom-attempt 2 --oom-step 32
@@ -25,6 +25,8 @@ def main() -> int:
     parser.add_argument("--no-save-on-stop", action="store_true")
     parser.add_argument("--oom-attempt", type=int, default=0)
     parser.add_argument("--oom-step", type=int, default=-1)
+    parser.add_argument("--hang-attempt", type=int, default=0)
+    parser.add_argument("--hang-step", type=int, default=-1)
     args = parser.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "1"))
     ckpt = None
@@ -43,6 +45,8 @@ def main() -> int:
             hog = []
             while True:
                 hog.append(bytearray(32 * 1024 * 1024))
+        if attempt == args.hang_attempt and step == args.hang_step:
+            time.sleep(1e6)  # silent, its last step's work never saved
         if ckpt is None:
             progress.report_step(step)
         elif ckpt.maybe_save(step, lambda: {"step": step, "total": total}) and ckpt.stop_requested:

@@ -104,16 +104,52 @@ def test_goodput_of_a_run_killed_then_oom_killed_matches_its_logs(tmp_path: Path
         assert re.search(rf'^trainguard_run_lost_seconds\{{[^}}]*kind="{kind}"', metrics, re.MULTILINE)
 
 
-@pytest.mark.parametrize("save_every", [0, 100], ids=["no-checkpoint", "saves-on-stop"])
-def test_a_stop_keeps_only_what_was_saved(tmp_path: Path, save_every: int) -> None:
+def test_a_hang_costs_the_steps_after_its_checkpoint_and_its_silence(tmp_path: Path) -> None:
+    """A job that falls silent after step 32 (checkpoints every 5 steps), stopped by the hang
+    watchdog, then resumed from step 29: 3 steps redone, and stalled from its last output until the
+    watchdog's kill. The supervisor's own writes to the log (room kept for its tail, rotations) are
+    no sign of life: before, they made the silence look like training (39 steps redone, of 3)."""
+    home = tmp_path / "state"
+    hang_s, grace_s = 3, 2
+    started = tg(home, "run", "--name", "gp", "--hang-timeout", f"{hang_s}s", "--grace", f"{grace_s}s", "--",
+                 sys.executable, str(JOB), "--steps", "45", "--step-seconds", "0.1", "--hang-attempt", "1",
+                 "--hang-step", "32")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    from trainguard import goodput
+    from trainguard.store.registry import Registry
+
+    registry = Registry(home)
+    wait_for(lambda: registry.resolve("gp").state in ("succeeded", "failed"))
+    run = registry.resolve("gp")
+    assert [a.cause for a in run.attempts] == ["hang", None]
+    hung, after = run.attempts
+    printed = [int(s) for s in re.findall(r"^step (\d+)$", Path(hung.log_path).read_text(), re.MULTILINE)]
+    resumed = re.search(r"^resumed from step (\d+)$", Path(after.log_path).read_text(), re.MULTILINE)
+    assert resumed and max(printed) == 32
+    (loss,) = goodput.of_run(run, registry.events(run.id), now=time.time()).losses
+    assert loss.cause == "hang"
+    assert loss.recomputed_steps == max(printed) - int(resumed.group(1)) == 3
+    # Silent from its last step until the watchdog fired (ticks are 1 s) and SIGTERM's grace ran out
+    # (the job's handler only marks the stop; its loop never comes back to save).
+    assert hang_s <= loss.stalled_s <= hang_s + grace_s + 2
+
+
+@pytest.mark.parametrize(("save_every", "supervised"), [(0, True), (100, True), (100, False)],
+                         ids=["no-checkpoint", "saves-on-stop", "saves-on-stop-no-supervisor"])  # fmt: skip
+def test_a_stop_keeps_only_what_was_saved(tmp_path: Path, save_every: int, supervised: bool) -> None:
     """`trainguard stop` of a job that saves nothing loses all it trained; of one that saves on
-    SIGTERM, nothing."""
+    SIGTERM, nothing, whether its supervisor stops it or, the supervisor killed, `stop` itself does
+    (before, that goodput was 0 %: the save the stop made was never recorded)."""
     home = tmp_path / "state"
     started = tg(home, "run", "--name", "gp", "--", sys.executable, str(JOB), "--steps", "1000",
                  "--save-every", str(save_every))  # fmt: skip
     assert started.returncode == 0, started.stderr
     log = Path(json.loads(tg(home, "status", "gp", "--json").stdout)["attempts"][0]["log_path"])
     wait_for(lambda: log.exists() and re.search(r"^step 20$", log.read_text(), re.MULTILINE))
+    if not supervised:
+        supervisor = int((log.parent / "supervisor.lock").read_text().split()[0])
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: json.loads(tg(home, "status", "gp", "--json").stdout)["supervisor"] != "running")
     assert tg(home, "stop", "gp").returncode == 0
     info = json.loads(tg(home, "status", "gp", "--json").stdout)
     assert info["state"] == "stopped"

@@ -85,7 +85,11 @@ def test_a_job_without_the_library_is_measured_from_its_checkpoint_files() -> No
     assert_adds_up(result)
     died, after = data["attempts"]
     resumed = next(c for c in data["checkpoints"] if c["path"] == after["resumed_from"])
-    assert loss.recomputed_s == pytest.approx(died["ended_at"] - resumed["time"], abs=1e-6)
+    # Trained until its last sign of life (its output, or the checkpoint it wrote just after), silent
+    # from then to the kill.
+    active_until = max(died["progress"]["last_active_time"], resumed["time"])
+    assert loss.recomputed_s == pytest.approx(active_until - resumed["time"], abs=1e-6)
+    assert loss.stalled_s == pytest.approx(died["ended_at"] - active_until, abs=1e-6)
     assert loss.restart_s == pytest.approx(after["started_at"] - died["ended_at"], abs=1e-6)
     assert result.overhead_s == 0.0
 
@@ -246,6 +250,22 @@ def test_checkpoints_saved_between_two_reports_place_the_steps_in_time() -> None
     # it reached step 34.8, so 11 steps.
     assert loss.recomputed_s == pytest.approx(6.0) and loss.recomputed_steps == 11
     assert loss.stalled_s == pytest.approx(1.0)
+
+
+def test_a_job_that_reports_no_steps_stalls_from_its_last_sign_of_life_until_its_kill() -> None:
+    # Saves its own files (no steps), fell silent at t=30, the hang watchdog killed it at t=40.
+    attempts = [
+        AttemptRecord(1, 0.0, 40.0, True, "hang", None, {"last_active_time": 30.0}),
+        AttemptRecord(2, 45.0, 60.0, False, None, "/c/epoch-2", {}),
+    ]
+    marks = [CheckpointMark(10.0, None, "/c/epoch-1"), CheckpointMark(20.0, None, "/c/epoch-2")]
+    (loss,) = goodput.compute(attempts, marks, now=0.0, run_active=False).losses
+    assert loss.stalled_s == pytest.approx(10.0)  # before: 0, its silence counted as training
+    assert loss.recomputed_s == pytest.approx(10.0) and loss.measured_by == "checkpoints"
+    # A sign of life seen only in its checkpoints: trained at least until its newest one.
+    attempts[0] = AttemptRecord(1, 0.0, 40.0, True, "hang", None, {"last_active_time": 5.0})
+    (loss,) = goodput.compute(attempts, marks, now=0.0, run_active=False).losses
+    assert loss.stalled_s == pytest.approx(20.0) and loss.recomputed_s == pytest.approx(0.0)
 
 
 def test_a_checkpoint_of_unknown_step_and_time_says_so() -> None:

@@ -159,6 +159,20 @@ def _reported_steps(attempt: AttemptRecord) -> tuple[float, float, float, float]
     return None if None in values else tuple(values)  # type: ignore[return-value]
 
 
+def _active_until(attempt: AttemptRecord, last_seen: float, end: float, *, otherwise: float) -> float:
+    """Until when the attempt trained. A running attempt is training still. One killed, not stopped
+    by itself: the job reports its step every few seconds and the supervisor saw it active (its
+    output) until ``last_active_time``, so it trained until then (and at least until ``last_seen``,
+    its newest step or checkpoint), not until its last report, and went silent only after (a hang).
+    Otherwise (it ended by itself, or its supervisor recorded no activity): ``otherwise``."""
+    if attempt.ended_at is None:
+        return end
+    seen = _number(attempt.progress.get("last_active_time"))
+    if attempt.finished or attempt.progress.get("stop_signal") is not None or seen is None:
+        return otherwise
+    return _clamp(seen, last_seen, end)
+
+
 def compute(
     attempts: Iterable[AttemptRecord], checkpoints: Sequence[CheckpointMark], *, now: float, run_active: bool
 ) -> Goodput:
@@ -193,7 +207,6 @@ def compute(
                 paused += gap
             _cut(segments, _resume_point(attempt, checkpoints)).charge(loss)
         wall += end - start
-        reported = attempt.progress
         steps = _reported_steps(attempt)
         if steps is not None:
             first_t, last_t, first_s, last_s = steps
@@ -207,32 +220,26 @@ def compute(
             points = _step_points(first, last, end, first_s, last_s, checkpoints)
             (t_first, s_first), (t_last, s_last) = points[0], points[-1]
             rate = (t_last - t_first) / (s_last - s_first) if s_last > s_first and t_last > t_first else None
-            active_end = t_last
-            if attempt.ended_at is None:  # still training since its last report
-                active_end = end
-            elif not attempt.finished and reported.get("stop_signal") is None:
-                # Killed, not stopped by itself: the job writes its step every few seconds and the
-                # supervisor saw it active (its output) until ``last_active_time``: it trained until
-                # then, not until its last report, and went silent only after (a hang).
-                seen = _number(reported.get("last_active_time"))
-                if seen is not None:
-                    active_end = _clamp(seen, t_last, end)
+            active_end = _active_until(attempt, t_last, end, otherwise=t_last)
             if active_end > t_last:
                 points.append((active_end, s_last + (active_end - t_last) / rate if rate else s_last))
             if active_end > first:
                 segments.append(_Segment(points))
             training += active_end - first
-            tail = end - active_end
-            if attempt.died:
-                losses.setdefault(attempt.n, Loss(attempt.n, attempt.cause)).stalled_s += tail
-            else:
-                overhead += tail
         elif known:
             methods.add("checkpoints")
-            segments.append(_Segment([(start, None), (end, None)]))
-            training += end - start
+            saved = [c.time for c in checkpoints if start < c.time <= end]
+            active_end = _active_until(attempt, max(saved, default=start), end, otherwise=end)
+            segments.append(_Segment([(start, None), (active_end, None)]))
+            training += active_end - start
         else:
             unknown += end - start
+            active_end = end
+        tail = end - active_end
+        if attempt.died:
+            losses.setdefault(attempt.n, Loss(attempt.n, attempt.cause)).stalled_s += tail
+        else:
+            overhead += tail
         previous, previous_end = attempt, end
     unsaved = _Cut()
     if previous is not None and not previous.finished:

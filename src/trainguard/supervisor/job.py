@@ -10,6 +10,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # The folder of the job's start-up hook (_jobsite/sitecustomize.py): it arms faulthandler in every
 # Python process of the job on STACKS_SIGNAL, so a hang dump needs neither py-spy nor ptrace rights.
@@ -35,6 +36,26 @@ class JobOptions:
     sample_interval_s: float = 5.0
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
+
+    @classmethod
+    def of_record(cls, command: list[str] | tuple[str, ...], cwd: str, o: Mapping[str, Any]) -> JobOptions:
+        """The options a run's record holds (``Run.command``, ``Run.cwd``, ``Run.options``)."""
+        return cls(
+            command=tuple(command),
+            cwd=cwd,
+            checkpoint_dir=o["checkpoint_dir"],
+            checkpoint_glob=o.get("checkpoint_glob"),
+            checkpoint_layout=o.get("checkpoint_layout", "auto"),
+            resume_arg=o.get("resume_arg"),
+            hang_timeout_s=o.get("hang_timeout_s"),
+            peer_timeout_s=o.get("peer_timeout_s", 600.0),
+            grace_s=o.get("grace_s", 120.0),
+            stop_signal=o.get("stop_signal", 15),
+            memory_limit=o.get("memory_limit"),
+            sample_interval_s=o.get("sample_interval_s", 5.0),
+            metrics_port=o.get("metrics_port"),
+            metrics_bind=o.get("metrics_bind", "127.0.0.1"),
+        )
 
 
 def job_environment(

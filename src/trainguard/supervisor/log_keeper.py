@@ -72,6 +72,16 @@ class RunLogs:
         """Seconds until the running attempt's log should be looked at again."""
         return self.current.poll_in() if self.current is not None else POLL_S
 
+    def last_written(self, n: int) -> float | None:
+        """When attempt ``n``'s job last wrote to its log, where its log is bounded (the file's own
+        mtime also moves with each rotation and room kept for its tail)."""
+        if self.current is None or self.current.n != n:
+            return None
+        try:
+            return self.current.last_written()
+        except OSError:
+            return None
+
     def attempt_ended(self, attempt: Attempt) -> None:
         """Cut the ended attempt's log to its bound once more: what the job wrote since the last look
         (a fast writer's last second, a long line with no newline) is not left whole."""

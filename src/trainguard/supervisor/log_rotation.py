@@ -88,6 +88,9 @@ class AttemptLog:
         self.growth: deque[int] = deque(maxlen=GROWTH_TICKS)
         self.last_size: int | None = None
         self.last_look: float | None = None  # monotonic time of the last tick
+        # When the job last wrote, wall time. Not the file's mtime alone: each tick's room for the
+        # tail (fallocate) and each rotation touch it too, which made a hung job look active.
+        self.written_at: float | None = None
         # Bytes per second between ticks, the largest of the last few: one slow moment (the job
         # blocked while its file was cut) does not let `yes` write a second's worth unseen.
         self.rates: deque[float] = deque(maxlen=GROWTH_TICKS)
@@ -99,7 +102,7 @@ class AttemptLog:
 
     def tick(self) -> Rotation | None:
         """Rotate the log where the policy says so; keep room for its last lines. The rotation done."""
-        size, now = os.fstat(self.fd).st_size, time.monotonic()
+        size, now = self._look().st_size, time.monotonic()
         grown = max(0, size - (self.last_size if self.last_size is not None else size))
         self.growth.append(grown)
         if self.last_look is not None and now > self.last_look:
@@ -112,6 +115,19 @@ class AttemptLog:
         fallocate(self.fd, FALLOC_FL_KEEP_SIZE, self.last_size, TAIL_ROOM)
         return plan
 
+    def _look(self) -> os.stat_result:
+        """The log's stat, noting when the job wrote: a size changed since the last look is the job's
+        doing, and its mtime then is the job's write (ours come after the look)."""
+        stat = os.fstat(self.fd)
+        if self.last_size is None or stat.st_size != self.last_size:
+            self.written_at = stat.st_mtime
+        return stat
+
+    def last_written(self) -> float | None:
+        """When the job last wrote to its log (wall time), as far as the file tells."""
+        self._look()
+        return self.written_at
+
     def poll_in(self) -> float:
         """Seconds until this log should be looked at again, by how fast it grows."""
         if not self.rates:
@@ -121,7 +137,7 @@ class AttemptLog:
     def make_room(self) -> int:
         """The state disk is full: keep only what the policy keeps under the most pressure. Bytes freed."""
         before = disk_of(self.state_dir)
-        plan = plan_rotation(self._as_policy_sees_it(os.fstat(self.fd).st_size), self.bound, Disk(before.total, 0))
+        plan = plan_rotation(self._as_policy_sees_it(self._look().st_size), self.bound, Disk(before.total, 0))
         if plan is None:
             return 0
         self.rotate(plan)

@@ -281,7 +281,8 @@ class Supervisor:
             self.tracker.learn_checkpoint_dir(attempt.progress or {})
             watch.save_launch_record(self.run.run_dir)
             self.tracker.record_checkpoints(attempt, attempt.progress or {}, scan=True)
-            attempt.progress = {**(attempt.progress or {}), "last_active_time": watch.last_active(self.clock)}
+            active = watch.last_active(self.clock, self.job_watch.last_written(watch))
+            attempt.progress = {**(attempt.progress or {}), "last_active_time": active}
             latest = self.tracker.newest_checkpoint()
             new_checkpoint = latest not in (None, attempt.resumed_from)
             new_lines = count_lines(watch)

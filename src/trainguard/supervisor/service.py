@@ -95,23 +95,7 @@ def create_run(
 
 
 def job_options(run: Run) -> JobOptions:
-    o = run.options
-    return JobOptions(
-        command=tuple(run.command),
-        cwd=run.cwd,
-        checkpoint_dir=o["checkpoint_dir"],
-        checkpoint_glob=o.get("checkpoint_glob"),
-        checkpoint_layout=o.get("checkpoint_layout", "auto"),
-        resume_arg=o.get("resume_arg"),
-        hang_timeout_s=o.get("hang_timeout_s"),
-        peer_timeout_s=o.get("peer_timeout_s", 600.0),
-        grace_s=o.get("grace_s", 120.0),
-        stop_signal=o.get("stop_signal", 15),
-        memory_limit=o.get("memory_limit"),
-        sample_interval_s=o.get("sample_interval_s", 5.0),
-        metrics_port=o.get("metrics_port"),
-        metrics_bind=o.get("metrics_bind", "127.0.0.1"),
-    )
+    return JobOptions.of_record(run.command, run.cwd, run.options)
 
 
 def _policy(run: Run) -> RestartPolicy:

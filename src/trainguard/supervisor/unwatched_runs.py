@@ -11,12 +11,17 @@ import time
 
 import psutil
 
+from trainguard import progress
 from trainguard._i18n import Text
 from trainguard._proc import ProcessRef
-from trainguard.store.registry import Registry, Run
+from trainguard.store.journal import Journal
+from trainguard.store.registry import Attempt, Registry, Run
 from trainguard.store.states import TERMINAL_STATES, RunState
 from trainguard.supervisor import lock as run_lock
+from trainguard.supervisor.attempt_files import progress_file
 from trainguard.supervisor.containment import KILL_TIMEOUT_S, Containment, stop_gracefully
+from trainguard.supervisor.job import JobOptions
+from trainguard.supervisor.progress_tracking import ProgressTracker
 
 
 def undo_continue_if_never_started(registry: Registry, before: Run) -> None:
@@ -97,6 +102,17 @@ def unwatched(run: Run) -> bool:
     return RunState(run.state) not in TERMINAL_STATES and watched_by(run) is None
 
 
+def _record_what_it_saved(registry: Registry, run: Run, attempt: Attempt) -> None:
+    """What the ended job reported (its steps, a stop it obeyed) and the checkpoints it saved since
+    its supervisor died, recorded as the supervisor records them at an attempt's end: without them
+    its goodput counted none of that work (0 % after a stop that saved)."""
+    attempt.progress = progress.read(progress_file(run.run_dir, attempt.n)) or attempt.progress
+    tracker = ProgressTracker(Journal(registry, run), run, JobOptions.of_record(run.command, run.cwd, run.options))
+    tracker.recall_recorded_checkpoints()
+    tracker.learn_checkpoint_dir(attempt.progress or {})
+    tracker.record_checkpoints(attempt, attempt.progress or {}, scan=True)
+
+
 def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> Text:
     """Stop a run that has no supervisor, as its supervisor would: the stop signal to the job's group,
     the grace period, then SIGKILL to everything left. Returns what really happened."""
@@ -129,6 +145,7 @@ def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> Text:
                         f"{what.zh}；另有 {unrecorded} 个记录中没有的该运行进程已被停止")  # fmt: skip
         if last is not None:
             last.ended_at = time.time()
+            _record_what_it_saved(registry, run, last)
             registry.end_attempt(run.id, last)
         reason = Text(f"stopped on request without a supervisor: {what.en}", f"在没有监督进程时按请求停止：{what.zh}")
         registry.set_state(run.id, RunState.STOPPED.value, reason=reason)

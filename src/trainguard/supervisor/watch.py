@@ -106,12 +106,15 @@ class AttemptWatch:
         except OSError:
             return 0
 
-    def last_active(self, clock: Callable[[], float]) -> float:
-        """When the job was last seen active, wall time: its last output (the log's modification
-        time), else the supervisor's last sight of progress (output, a checkpoint, a step)."""
+    def last_active(self, clock: Callable[[], float], logged_at: float | None = None) -> float:
+        """When the job was last seen active, wall time: its last output (``logged_at``, where the log
+        keeper knows it, else the log's modification time), else the supervisor's last sight of
+        progress (output, a checkpoint, a step)."""
         ended = self.attempt.ended_at or time.time()
         if self.silent_since is not None:
             return min(ended, self.silent_since)
+        if logged_at is not None:
+            return min(ended, logged_at)
         if self.log_fd is not None:
             with contextlib.suppress(OSError):
                 return min(ended, os.fstat(self.log_fd).st_mtime)
@@ -241,7 +244,7 @@ class JobWatch:
                         )
                 if self.hang_timeout_s and now - watch.last_progress_mono >= self.hang_timeout_s:
                     watch.hung = True
-                    watch.silent_since = watch.last_active(self.clock)  # before markers are added
+                    watch.silent_since = watch.last_active(self.clock, self.last_written(watch))  # before markers
                     dump_stacks(watch, self.run_dir, self.hang_timeout_s)
                     silent = now - watch.last_progress_mono
                     return self._must_stop(
@@ -254,6 +257,10 @@ class JobWatch:
             if watch.foresight is not None:
                 wake = min(wake, now + watch.foresight.due_in(now))
             self._wait_for_exit(watch, max(0.0, wake - self.clock()))
+
+    def last_written(self, watch: AttemptWatch) -> float | None:
+        """When the job last wrote to its log, where the log keeper follows it."""
+        return self.logs.last_written(watch.attempt.n) if self.logs is not None else None
 
     def _must_stop(self, end: WatchEnd, data: dict[str, Any], *, en: str, zh: str) -> WatchEnd:
         """Why the job has to be stopped, recorded as an event and raised as a critical alert of the
