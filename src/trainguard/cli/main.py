@@ -10,6 +10,7 @@ import click
 
 from trainguard import __version__
 from trainguard._i18n import choose_language
+from trainguard.cli import errors_zh
 from trainguard.cli.help_zh import ROOT, HelpContext, language_in, localize, set_language
 from trainguard.errors import TrainguardError, UsageError
 
@@ -87,13 +88,11 @@ def _require_separator(args: list[str]) -> None:
 
 
 def _click_message_zh(exc: click.ClickException, message: str) -> str:
-    """Click speaks English: its errors in Chinese, with what it said quoted."""
-    if isinstance(exc, click.NoSuchOption):
-        maybe = f"（是否想用 {', '.join(exc.possibilities)}？）" if exc.possibilities else ""
-        return f"没有这个选项：{exc.option_name}{maybe}"
-    if isinstance(exc, click.MissingParameter):
-        name = exc.param.human_readable_name if exc.param is not None else ""
-        return f"缺少参数：{name}"
+    """Click speaks English: its errors in Chinese (data/click_errors_zh.toml), else what it said
+    quoted in a Chinese frame."""
+    translated = errors_zh.translate(message)
+    if translated is not None:
+        return translated
     if isinstance(exc, click.BadParameter):
         return f"参数值无效：「{message}」"
     if isinstance(exc, click.UsageError):
@@ -107,9 +106,9 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    lang = choose_language(None, os.environ)
+    args = sys.argv[1:] if argv is None else argv
+    lang = language_in(args, os.environ)  # a command's --lang speaks its errors too
     try:
-        args = sys.argv[1:] if argv is None else argv
         _require_separator(args)
         result = cli.main(args=args, prog_name="trainguard", standalone_mode=False, obj={"argv": args})
     except TrainguardError as exc:
