@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.cells import cell_len, set_cell_size
 
 from trainguard import goodput, progress
 from trainguard._i18n import choose_language
@@ -113,10 +114,18 @@ def _checkpoint_interval(run: Run, reported: dict[int, dict[str, Any]]) -> dict[
     return None
 
 
+NAME_COLUMNS = 32  # a longer name is cut in `ps` (`status` shows it whole): the columns after it stay in view
+
+
+def _cut(text: str, columns: int) -> str:
+    """``text`` in at most ``columns`` terminal columns (a Chinese character takes two), "…" for the rest."""
+    return text if cell_len(text) <= columns else set_cell_size(text, columns - 1).rstrip() + "…"
+
+
 def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Aligned columns; the last one is never padded (no trailing spaces) nor cut."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths)) + "  " + row[-1]
+    """Aligned columns, by terminal width; the last one is never padded (no trailing spaces) nor cut."""
+    widths = [max(cell_len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(cell + " " * (width - cell_len(cell)) for cell, width in zip(row[:-1], widths)) + "  " + row[-1]
             for row in [header, *rows]]  # fmt: skip
 
 
@@ -139,10 +148,11 @@ def ps(as_json: bool) -> int:
     for r in runs:
         last_death = next((a.cause for a in reversed(r.attempts) if a.cause), None)  # one it recovered from too
         state = PUBLIC_STATE[RunState(r.state)]
-        rows.append([r.id, STATE_ZH[state] if zh else state, str(len(r.attempts)), visible(r.name or "-"),
-                     last_death or "-", shell_join(r.command)])  # fmt: skip
+        name = _cut(visible(r.name or "-"), NAME_COLUMNS)
+        rows.append([r.id, STATE_ZH[state] if zh else state, str(len(r.attempts)), name, last_death or "-",
+                     shell_join(r.command)])  # fmt: skip
     for line in _columns(header, rows):
-        click.echo(line[: width - 1] + "…" if width and len(line) > width else line)
+        click.echo(_cut(line, width) if width else line)
     return 0
 
 
