@@ -107,10 +107,11 @@ def _record_what_it_saved(registry: Registry, run: Run, attempt: Attempt) -> Non
     its supervisor died, recorded as the supervisor records them at an attempt's end: without them
     its goodput counted none of that work (0 % after a stop that saved)."""
     attempt.progress = progress.read(progress_file(run.run_dir, attempt.n)) or attempt.progress
-    tracker = ProgressTracker(Journal(registry, run), run, JobOptions.of_record(run.command, run.cwd, run.options))
-    tracker.recall_recorded_checkpoints()
-    tracker.learn_checkpoint_dir(attempt.progress or {})
-    tracker.record_checkpoints(attempt, attempt.progress or {}, scan=True)
+    with contextlib.suppress(KeyError, OSError):  # the stop is recorded all the same
+        tracker = ProgressTracker(Journal(registry, run), run, JobOptions.of_record(run.command, run.cwd, run.options))
+        tracker.recall_recorded_checkpoints()
+        tracker.learn_checkpoint_dir(attempt.progress or {})
+        tracker.record_checkpoints(attempt, attempt.progress or {}, scan=True)
 
 
 def stop_unwatched(registry: Registry, run: Run, grace_s: float) -> Text:
