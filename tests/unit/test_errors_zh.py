@@ -30,17 +30,17 @@ def reachable_errors(tmp_path: Path) -> list[tuple[tuple[str, ...], str]]:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     return [
-        (("run", "--max-restarts", "abc", "--", "true"), "'--max-restarts' 的值无效：'abc' 不是有效的整数。"),
-        (("run", "--max-restarts", "99999", "--", "true"), "'--max-restarts' 的值无效：99999 不在范围 0<=x<=10000 内。"),
-        (("run", "--nam", "x", "--", "true"), "没有这个选项：'--nam'。是否想用 '--name'？"),
-        (("stauts",), "没有这个命令：'stauts'。"),
+        (("run", "--max-restarts", "abc", "--", "true"), "「--max-restarts」 的值无效：「abc」 不是有效的整数。"),
+        (("run", "--max-restarts", "99999", "--", "true"), "「--max-restarts」 的值无效：99999 不在范围 0<=x<=10000 内。"),
+        (("run", "--nam", "x", "--", "true"), "没有这个选项：「--nam」。是否想用 「--name」？"),
+        (("stauts",), "没有这个命令：「stauts」。"),
         (("status", "a", "b", "c"), "多余的参数（b c）"),
-        (("logs",), "缺少参数 'RUN'。"),
+        (("logs",), "缺少参数 「RUN」。"),
         (("run", "--restart", "sometimes", "--", "true"),
-         "'--restart' 的值无效：'sometimes' 不是 'never', 'on-failure', 'always' 之一。"),
+         "「--restart」 的值无效：「sometimes」 不是 「never」、「on-failure」、「always」 之一。"),
         (("run", "--checkpoint-dir", str(a_file), "--", "true"),
-         f"'--checkpoint-dir' 的值无效：文件夹 '{a_file}' 是一个文件。"),
-        (("logs", "x", "--attempt"), "选项 '--attempt' 需要一个值。"),
+         f"「--checkpoint-dir」 的值无效：文件夹 「{a_file}」 是一个文件。"),
+        (("logs", "x", "--attempt"), "选项 「--attempt」 需要一个值。"),
     ]  # fmt: skip
 
 

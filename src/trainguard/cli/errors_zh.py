@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 CATALOGUE = "click_errors_zh.toml"
 _FIELD = re.compile(r"\{(\w+)(?:![rs])?\}")
+# What Click quotes with repr(): one value ('abc'), a list ('a', 'b') or an option's names ('-r' / '--restart')
+_QUOTED = re.compile(r"'[^']*'(?:(?:, | / )'[^']*')*")
 
 
 class _Row(NamedTuple):
@@ -62,5 +64,8 @@ def translate(message: str) -> str | None:
 def _field(value: str, words: dict[str, str]) -> str:
     if value in words:
         return words[value]
+    if _QUOTED.fullmatch(value):
+        # Chinese quotes what it names in 「」 and lists with 、; English quotes would read as English
+        return re.sub(r"'([^']*)'", r"「\1」", value).replace("」, 「", "」、「")
     inner = translate(value) if " " in value else None
     return inner if inner is not None else value
